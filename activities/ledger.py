@@ -1,0 +1,98 @@
+"""Ledger access for the workflow, run as local activities (no server round trip per call).
+
+Two write paths, never merged (design.md §6): ``append`` is fenced by the run's epoch; ``mark`` is
+idempotent (first write wins) and serves the timer's timeout markers and failures of executors that died.
+Every call returns the events after the caller's watermark, so one local activity both writes and reads.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from ledger.errors import DuplicateEvent, StaleEpoch
+from ledger.recorder import Recorder
+from rules.envelope import NewEvent, StoredEvent
+from rules.events import TaskCreated, to_new
+from rules.plan import Plan
+
+# Errors a retry can never fix: the workflow's local-activity retry policy lists these as non-retryable.
+NON_RETRYABLE = ["StaleEpoch", "DuplicateEvent"]
+
+
+class OpenTaskInput(BaseModel):
+    task_id: str
+    plan: Plan
+    holder: str
+
+
+class OpenTaskResult(BaseModel):
+    epoch: int
+    events: list[StoredEvent]
+
+
+class AppendInput(BaseModel):
+    task_id: str
+    epoch: int
+    events: list[NewEvent]
+    after: int
+
+
+class MarkInput(BaseModel):
+    task_id: str
+    event: NewEvent
+    after: int
+
+
+class ReadInput(BaseModel):
+    task_id: str
+    after: int
+
+
+class LedgerActivities:
+    """Holds the recorder; each method is one short transaction (plus a read)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    @activity.defn(name="ledger.open_task")
+    def open_task(self, inp: OpenTaskInput) -> OpenTaskResult:
+        """Take the task's fencing epoch (+1), write TaskCreated if absent, return the whole history."""
+        epoch = self.recorder.take_lease(inp.task_id, inp.holder)
+        events = self.recorder.read_events(inp.task_id)
+        if not events:
+            created = to_new(TaskCreated(plan=inp.plan), dedup_key=f"{inp.task_id}:created")
+            try:
+                self.recorder.append_fenced(inp.task_id, epoch, [created])
+            except StaleEpoch as e:
+                raise _stale(e) from e
+            except DuplicateEvent:
+                pass  # a concurrent opener wrote it first; the read below returns it
+            events = self.recorder.read_events(inp.task_id)
+        return OpenTaskResult(epoch=epoch, events=events)
+
+    @activity.defn(name="ledger.append")
+    def append(self, inp: AppendInput) -> list[StoredEvent]:
+        """Fenced append of the run's own events (an INTENT and its immediate effect)."""
+        try:
+            self.recorder.append_fenced(inp.task_id, inp.epoch, inp.events)
+        except StaleEpoch as e:
+            raise _stale(e) from e
+        except DuplicateEvent as e:
+            raise ApplicationError(str(e), type="DuplicateEvent", non_retryable=True) from e
+        return self.recorder.read_events(inp.task_id, after_seq=inp.after)
+
+    @activity.defn(name="ledger.mark")
+    def mark(self, inp: MarkInput) -> list[StoredEvent]:
+        """Idempotent append (first write wins), then read what is new."""
+        self.recorder.append_idempotent(inp.task_id, inp.event)
+        return self.recorder.read_events(inp.task_id, after_seq=inp.after)
+
+    @activity.defn(name="ledger.read")
+    def read(self, inp: ReadInput) -> list[StoredEvent]:
+        return self.recorder.read_events(inp.task_id, after_seq=inp.after)
+
+
+def _stale(e: StaleEpoch) -> ApplicationError:
+    return ApplicationError(str(e), type="StaleEpoch", non_retryable=True)

@@ -1,0 +1,122 @@
+"""LLM calls over an OpenAI-compatible chat API: the open-question decision and the review's judgement.
+
+The API key is read from settings inside the activity; it never appears in an argument, a result, a
+heartbeat or an error message. Every call's token usage is priced and lands in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.models import LlmDecideInput
+from ledger.recorder import Recorder
+from rules.llm import parse_proposal
+from rules.events import Decision, to_new
+
+MAX_OUTPUT_CHARS = 20000
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    content: str
+    tokens_in: int
+    tokens_out: int
+    cost: Decimal
+    prompt_hash: str
+    model: str
+
+
+class ChatClient:
+    def __init__(self, client: httpx.AsyncClient, base_url: str, api_key: str, model: str, price_per_1k: Decimal):
+        self._client = client
+        self._base = base_url.rstrip("/")
+        self._key = api_key
+        self.model = model
+        self._price = price_per_1k
+
+    async def complete(self, system: str, user: str) -> ChatReply:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "response_format": {"type": "json_object"},
+            "temperature": 0,
+        }
+        prompt_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        try:
+            r = await self._client.post(
+                f"{self._base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {self._key}"}
+            )
+        except httpx.HTTPError as e:
+            raise ApplicationError(f"LLM unreachable: {type(e).__name__}", type="LlmUnavailable") from None
+        if r.status_code >= 500 or r.status_code == 429:
+            raise ApplicationError(f"LLM answered {r.status_code}", type="LlmUnavailable")
+        if r.status_code >= 400:
+            raise ApplicationError(f"LLM refused the request ({r.status_code})", type="LlmRejected", non_retryable=True)
+        data = r.json()
+        usage = data.get("usage") or {}
+        tokens_in = int(usage.get("prompt_tokens") or 0)
+        tokens_out = int(usage.get("completion_tokens") or 0)
+        content = str(data["choices"][0]["message"].get("content") or "")[:MAX_OUTPUT_CHARS]
+        cost = (Decimal(tokens_in + tokens_out) * self._price / 1000).quantize(Decimal("0.000001"))
+        return ChatReply(content, tokens_in, tokens_out, cost, prompt_hash, str(data.get("model") or self.model))
+
+
+def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The model's output as a JSON object, or why it is not one (truncated, not JSON, not an object)."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None, "output is not valid JSON"
+    if not isinstance(value, dict):
+        return None, "output is not a JSON object"
+    return value, None
+
+
+DECIDE_SYSTEM = (
+    "You are the fallback planner of a production pipeline. No rule matched. Answer with one JSON object "
+    '{"action": one of %s, "node": node id for dispatch, "reason": short text}. Nothing else.'
+)
+
+
+class LlmActivities:
+    def __init__(self, recorder: Recorder, chat: ChatClient):
+        self.recorder = recorder
+        self.chat = chat
+
+    @activity.defn(name="llm.decide")
+    async def decide(self, inp: LlmDecideInput) -> dict[str, Any] | None:
+        """Ask the model for one action; record a Decision event; return the syntactically valid proposal."""
+        dedup = f"{inp.task_id}:decision:{inp.watermark}"
+        existing = await asyncio.to_thread(self.recorder.find_by_dedup_key, dedup)
+        if existing is not None:  # a retry after the decision was recorded: never pay for it twice
+            return existing.payload.get("proposal")
+        reply = await self.chat.complete(
+            DECIDE_SYSTEM % inp.allowed, json.dumps({"task": inp.summary}, sort_keys=True, default=str)
+        )
+        raw, problem = parse_json_object(reply.content)
+        proposal, problem = parse_proposal(raw) if raw is not None else (None, problem)
+        decision = Decision(
+            model=reply.model,
+            prompt_hash=reply.prompt_hash,
+            raw_output=reply.content,
+            valid=proposal is not None,
+            error=problem,
+            tokens_in=reply.tokens_in,
+            tokens_out=reply.tokens_out,
+            cost=reply.cost,
+        )
+        event = to_new(decision, dedup_key=dedup)
+        payload = {**event.payload, "proposal": proposal.model_dump() if proposal else None}
+        await asyncio.to_thread(
+            self.recorder.append_idempotent, inp.task_id, event.model_copy(update={"payload": payload})
+        )
+        return proposal.model_dump() if proposal else None

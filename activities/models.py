@@ -1,0 +1,35 @@
+"""Inputs of the executor activities (one parameter object each, so fields can be added compatibly)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class StageInput(BaseModel):
+    """One business attempt of one node: everything the executor needs, and no secrets."""
+
+    task_id: str
+    node: str
+    operation_key: str
+    attempt: int
+    epoch: int
+    executor: str
+    estimate: Decimal
+    input: dict[str, Any] = {}
+
+
+class GateInput(BaseModel):
+    task_id: str
+    node: str
+    operation_key: str
+    input_version: int
+
+
+class LlmDecideInput(BaseModel):
+    task_id: str
+    watermark: int
+    summary: dict[str, Any]
+    allowed: list[str]

@@ -1,0 +1,1 @@
+"""ledgerflow: trustworthy orchestration for long, paid, multi-agent generation pipelines."""

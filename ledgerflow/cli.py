@@ -1,0 +1,169 @@
+"""The ``ledgerflow`` command line: stack, worker, submit, status, events, demo.
+
+Every user error (a bad plan, a missing file, an unreachable server, a duplicate task) is one red line on
+stderr and exit code 2 — never a traceback. Every command honours ``LEDGERFLOW_TEMPORAL_ADDRESS`` and
+``LEDGERFLOW_DATABASE_URL`` (and the other ``LEDGERFLOW_*`` settings) to use existing servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from ledger.errors import LedgerError
+from ledgerflow import client as lf
+from ledgerflow.config import ConfigError, get_settings
+from ledgerflow.stack import StackError
+from rules.plan import PlanError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Trustworthy orchestration of paid pipelines.")
+out = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+USER_ERRORS = (PlanError, ConfigError, StackError, LedgerError, lf.ClientError, FileNotFoundError, IsADirectoryError)
+
+
+def friendly(fn: F) -> F:
+    """Turn our user-facing errors into one line and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _read(path: Path) -> str:
+    if not path.exists():
+        raise FileNotFoundError(f"no such plan file: {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a plan file")
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise PlanError(f"plan: {path} is not a text file") from None
+
+
+@app.command()
+@friendly
+def up(no_worker: Annotated[bool, typer.Option("--no-worker", help="start the servers only")] = False) -> None:
+    """Start the embedded stack (Temporal dev server + UI, Postgres, vendor simulator, a worker)."""
+    from ledgerflow import stack
+
+    s = stack.up(get_settings(), with_worker=not no_worker)
+    out.print(f"Temporal  {s['temporal_address']}   Web UI {s.get('ui_url')}")
+    out.print(f"Postgres  {s['database_url']}")
+    out.print(f"Vendor    {s['vendor_url']}")
+    out.print(f"state in  {get_settings().state_dir / 'stack.json'}")
+
+
+@app.command()
+@friendly
+def down() -> None:
+    """Stop the embedded stack."""
+    from ledgerflow import stack
+
+    stopped = stack.down(get_settings())
+    out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@app.command()
+@friendly
+def worker() -> None:
+    """Run a worker in the foreground (same as ``python worker.py``)."""
+    import logging
+
+    import worker as worker_module
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(worker_module.run_worker(get_settings()))
+
+
+@app.command()
+@friendly
+def submit(
+    plan: Annotated[Path, typer.Argument(help="plan file (YAML)")],
+    task_id: Annotated[str | None, typer.Option("--task-id", help="task id (default: plan's, else random)")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="wait for the task to finish")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Validate a plan and start its task. A task id can only be submitted once."""
+    settings = get_settings()
+    parsed = lf.parse_plan(_read(plan), task_id)
+    tid = parsed.task_id or f"task-{uuid.uuid4().hex[:12]}"
+    result = asyncio.run(lf.submit(settings, parsed, tid, wait=wait))
+    if as_json:
+        out.print_json(json.dumps(result, default=str))
+    elif wait:
+        out.print(f"task {tid}: {result['state']}  spent {result.get('spent')} of {result.get('ceiling')}")
+    else:
+        out.print(f"submitted task {tid} (workflow {result['workflow_id']})")
+    if wait and result.get("state") != "Completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def status(
+    task_id: str, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
+) -> None:
+    """Show a task's state, nodes, money and open requests."""
+    summary = asyncio.run(lf.status(get_settings(), task_id))
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+        return
+    from ledgerflow.report import status_table
+
+    out.print(status_table(summary))
+
+
+@app.command()
+@friendly
+def events(
+    task_id: str, as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False
+) -> None:
+    """List a task's ledger events in order."""
+    rows = lf.events(get_settings(), task_id)
+    if as_json:
+        for e in rows:
+            sys.stdout.write(e.model_dump_json() + "\n")
+        return
+    from ledgerflow.report import events_table
+
+    out.print(events_table(rows))
+
+
+@app.command()
+@friendly
+def demo(
+    plan: Annotated[Path, typer.Option(help="plan to run")] = Path("examples/e001_video.yaml"),
+) -> None:
+    """Bring the stack up if needed, run the E001 plan unattended with a live view, and report."""
+    from ledgerflow.demo import run_demo
+
+    raise typer.Exit(run_demo(get_settings(), _read(plan), out))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Starting and inspecting tasks through the Temporal client and the ledger (used by the CLI and tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from ledger.recorder import Recorder
+from ledgerflow.config import Settings
+from ledgerflow.routes import load_routes
+from rules.envelope import StoredEvent
+from rules.plan import Plan, load_plan
+from rules.projection import fold, summary
+from workflows.task import TaskInput, TaskWorkflow, workflow_id
+
+
+class ClientError(Exception):
+    """A task could not be started or found (a user-facing, one-line error)."""
+
+
+def parse_plan(text: str, task_id: str | None = None) -> Plan:
+    return load_plan(text, load_routes(), task_id=task_id)
+
+
+async def connect(settings: Settings) -> Client:
+    address = settings.resolved_temporal_address()
+    try:
+        return await Client.connect(address, namespace=settings.namespace, data_converter=pydantic_data_converter)
+    except RuntimeError as e:
+        raise ClientError(f"cannot reach Temporal at {address} ({str(e).splitlines()[0][:120]})") from None
+
+
+def recorder(settings: Settings) -> Recorder:
+    rec = Recorder(settings.resolved_database_url())
+    rec.create_schema()
+    return rec
+
+
+async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = False) -> dict[str, Any]:
+    """Start the task's workflow. A task id already in the ledger or in Temporal is refused, not rerun."""
+    rec = recorder(settings)
+    try:
+        if rec.current_epoch(task_id) is not None:
+            raise ClientError(f"task {task_id!r} already exists in the ledger; use a new --task-id")
+    finally:
+        rec.dispose()
+    client = await connect(settings)
+    plan = plan.model_copy(update={"task_id": task_id})
+    try:
+        handle = await client.start_workflow(
+            TaskWorkflow.run,
+            TaskInput(task_id=task_id, plan=plan),
+            id=workflow_id(task_id),
+            task_queue=settings.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        )
+    except WorkflowAlreadyStartedError:
+        raise ClientError(f"task {task_id!r} was already submitted (workflow {workflow_id(task_id)})") from None
+    except RPCError as e:
+        raise ClientError(f"Temporal refused to start task {task_id!r}: {e.message}") from None
+    if not wait:
+        return {"task_id": task_id, "workflow_id": handle.id, "run_id": handle.result_run_id}
+    try:
+        result = await handle.result()
+    except WorkflowFailureError as e:
+        return {"task_id": task_id, "workflow_id": handle.id, "state": "Failed", "error": str(e.cause or e)}
+    return {"workflow_id": handle.id, **result.summary}
+
+
+async def status(settings: Settings, task_id: str) -> dict[str, Any]:
+    """The live status from the workflow's query; the ledger's fold if the workflow is gone or closed."""
+    try:
+        client = await connect(settings)
+        handle = client.get_workflow_handle(workflow_id(task_id))
+        return dict(await handle.query("status"))
+    except (RPCError, ClientError):
+        pass
+    rows = events(settings, task_id)
+    return summary(fold(rows))
+
+
+def events(settings: Settings, task_id: str) -> list[StoredEvent]:
+    rec = recorder(settings)
+    try:
+        rows = rec.read_events(task_id)
+    finally:
+        rec.dispose()
+    if not rows:
+        raise ClientError(f"no task {task_id!r} in the ledger")
+    return rows

@@ -1,0 +1,74 @@
+"""Configuration, read from the environment (prefix ``LEDGERFLOW_``) and ``.ledgerflow/stack.json``.
+
+Secrets (vendor, LLM and approver keys) live here and are only ever read inside activities: nothing in
+this module may be passed into a workflow argument, result, heartbeat or error, because all of those
+are stored in Temporal's history.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+STATE_DIR = Path(".ledgerflow")
+STACK_FILE = STATE_DIR / "stack.json"
+
+
+class Settings(BaseSettings):
+    """Every knob of a ledgerflow process. Unset addresses fall back to the embedded stack's stack.json."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGERFLOW_", extra="ignore")
+
+    temporal_address: str | None = None
+    namespace: str = "default"
+    task_queue: str = "ledgerflow"
+    database_url: str | None = None
+    vendor_url: str | None = None
+    llm_url: str | None = None
+    llm_model: str = "sim-planner-1"
+    vendor_api_key: SecretStr = SecretStr("sim-vendor-key")
+    llm_api_key: SecretStr = SecretStr("sim-llm-key")
+    artifact_dir: Path = Field(default=STATE_DIR / "artifacts")
+    state_dir: Path = STATE_DIR
+    # Price of inference tokens, in currency units per 1k tokens (LLM decision and review calls).
+    llm_price_per_1k_tokens: str = "0.002"
+    poll_interval_seconds: float = 0.05
+
+    def stack(self) -> dict[str, object]:
+        path = self.state_dir / "stack.json"
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        return {}
+
+    def resolved_temporal_address(self) -> str:
+        return self.temporal_address or str(self.stack().get("temporal_address") or "localhost:7233")
+
+    def resolved_database_url(self) -> str:
+        url = self.database_url or self.stack().get("database_url")
+        if not url:
+            raise ConfigError(
+                "no ledger database: set LEDGERFLOW_DATABASE_URL or start the embedded stack with `ledgerflow up`"
+            )
+        return str(url)
+
+    def resolved_vendor_url(self) -> str:
+        url = self.vendor_url or self.stack().get("vendor_url")
+        if not url:
+            raise ConfigError("no vendor: set LEDGERFLOW_VENDOR_URL or start the embedded stack with `ledgerflow up`")
+        return str(url)
+
+    def resolved_llm_url(self) -> str:
+        return self.llm_url or self.resolved_vendor_url()
+
+
+class ConfigError(Exception):
+    """A configuration value is missing or unusable (a user error: reported in one line)."""
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

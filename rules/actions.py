@@ -1,0 +1,118 @@
+"""What the decision loop can do: five action types plus Wait (and Complete, the happy terminal).
+
+Actions are frozen pydantic models in a discriminated union on ``kind``, so an action recorded in an INTENT
+(or proposed by an LLM) is parsed back into exactly one of them or refused.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rules.plan import TimeoutPolicy
+
+
+class HumanDecisionType(StrEnum):
+    """The four decisions a person can make."""
+
+    APPROVE = "approve"
+    RESUME = "resume"
+    ABORT = "abort"
+    ADD_BUDGET = "add_budget"
+
+
+class RequestKind(StrEnum):
+    """Why a person is asked."""
+
+    APPROVAL = "approval"  # a plan approval point (e.g. storyboard approval)
+    DEAD_LETTER = "dead_letter"  # a node failed in a way the rules may not repair alone
+    ESCALATION = "escalation"  # the task stopped (budget, rework limit, timeout policy) and can be resumed
+    INVALID_DECISION = "invalid_decision"  # the LLM's proposal failed validation or admission
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HumanRequest(_Action):
+    """A question put to a person, with what they may answer and until when."""
+
+    id: str
+    kind: RequestKind
+    reason: str = Field(max_length=2000)
+    node: str | None = None
+    options: tuple[HumanDecisionType, ...]
+    deadline: datetime | None = None
+    timeout_policy: TimeoutPolicy | None = None
+
+
+class Dispatch(_Action):
+    """Start one business attempt of a node at the vendor."""
+
+    kind: Literal["Dispatch"] = "Dispatch"
+    node: str
+    attempt: int = Field(ge=1)
+    operation_key: str
+    executor: str
+    estimate: Decimal = Field(ge=0)
+    reason: str = ""
+
+
+class Rollback(_Action):
+    """Invalidate the flagged nodes' lineage and restart from the most upstream common ancestor."""
+
+    kind: Literal["Rollback"] = "Rollback"
+    target: str
+    invalidated: tuple[str, ...]
+    flagged: tuple[str, ...]
+    round: int = Field(ge=1)
+    reason: str = ""
+
+
+class SuspendForHuman(_Action):
+    """Ask a person and wait on a durable timer."""
+
+    kind: Literal["SuspendForHuman"] = "SuspendForHuman"
+    request: HumanRequest
+
+
+class Escalate(_Action):
+    """Stop the task: terminal (Failed) or semi-terminal (Escalated; a person may resume)."""
+
+    kind: Literal["Escalate"] = "Escalate"
+    reason: str
+    terminal: bool
+    request: HumanRequest | None = None  # the resume question, for a semi-terminal escalation
+    resolves: str | None = None  # the timed-out request whose policy this applies
+
+
+class StaticGate(_Action):
+    """Check a high-cost node's input artifacts, once per input version, before it may run."""
+
+    kind: Literal["StaticGate"] = "StaticGate"
+    node: str
+    input_version: int
+    operation_key: str
+
+
+class Complete(_Action):
+    """The review passed on the current composition: the task is Completed."""
+
+    kind: Literal["Complete"] = "Complete"
+    verdict: str
+
+
+class Wait(_Action):
+    """Nothing to do until an event arrives or ``until`` passes."""
+
+    kind: Literal["Wait"] = "Wait"
+    until: datetime | None = None
+
+
+Action = Annotated[
+    Dispatch | Rollback | SuspendForHuman | Escalate | StaticGate | Complete | Wait, Field(discriminator="kind")
+]

@@ -1,0 +1,21 @@
+"""Pre-dispatch cost admission, shared by the rule path and the LLM path (seed 000 §5.4)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rules.projection import Projection
+
+# What the rules set aside for inference they have not yet paid for (one LLM decision or review call),
+# so a dispatch can never consume the money the review of its own output will need.
+INFERENCE_RESERVE = Decimal("0.05")
+
+
+def headroom(p: Projection) -> Decimal:
+    """Money left for new work: ceiling − spent − outstanding reservations − the inference reserve."""
+    return p.ceiling - p.spent - p.reserved - INFERENCE_RESERVE
+
+
+def admits(p: Projection, estimate: Decimal) -> bool:
+    """True if spent + reserved + estimated inference + this estimate fits under the task's ceiling."""
+    return estimate <= headroom(p)

@@ -1,0 +1,117 @@
+"""The node graph a plan expands into, and the graph questions the rules ask of it.
+
+A stage without fan-out is one node whose id is the stage id; a fan-out stage is one node per item, with id
+``stage/ITEM`` (``/`` cannot occur in a stage id, so node ids never collide). A node depends on every node
+of every stage its stage depends on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from rules.plan import Plan, Stage
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One schedulable unit of work."""
+
+    id: str
+    stage: Stage
+    item: str | None
+    deps: tuple[str, ...]
+    order: int  # position in a topological order: lower runs earlier; ties keep plan order
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The expanded DAG of a plan (business stages + compose + review)."""
+
+    nodes: dict[str, NodeSpec]
+    dependents: dict[str, tuple[str, ...]]
+    stage_nodes: dict[str, tuple[str, ...]]
+    _desc_cache: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
+
+    def descendants(self, node: str) -> frozenset[str]:
+        """Every node that transitively depends on ``node`` (not including it)."""
+        if node not in self._desc_cache:
+            out: set[str] = set()
+            todo = list(self.dependents[node])
+            while todo:
+                n = todo.pop()
+                if n not in out:
+                    out.add(n)
+                    todo.extend(self.dependents[n])
+            self._desc_cache[node] = frozenset(out)
+        return self._desc_cache[node]
+
+    def ancestors(self, node: str) -> frozenset[str]:
+        """Every node ``node`` transitively depends on (not including it)."""
+        out: set[str] = set()
+        todo = list(self.nodes[node].deps)
+        while todo:
+            n = todo.pop()
+            if n not in out:
+                out.add(n)
+                todo.extend(self.nodes[n].deps)
+        return frozenset(out)
+
+    def rollback_target(self, flagged: Iterable[str]) -> tuple[str, frozenset[str]]:
+        """The node a merged rework round restarts from, and every node that round invalidates.
+
+        The target is the nearest node, among the flagged nodes and their common ancestors, from which every
+        flagged node descends (or which it is): upstream of all flagged nodes, so one round covers every issue
+        and nothing is rolled back twice, but no further upstream than that, so nothing unflagged is redone
+        needlessly. With no common ancestor, the most upstream flagged node is named the target and each
+        flagged node plus its descendants is invalidated (still one round).
+        """
+        flagged_set = {n for n in flagged if n in self.nodes}
+        if not flagged_set:
+            raise ValueError("no known node flagged")
+        common: set[str] | None = None
+        for n in flagged_set:
+            lineage = set(self.ancestors(n)) | {n}
+            common = lineage if common is None else common & lineage
+        candidates = [n for n in (common or set()) if flagged_set <= (set(self.descendants(n)) | {n})]
+        if candidates:
+            target = max(candidates, key=lambda n: self.nodes[n].order)
+            invalid = {target} | set(self.descendants(target))
+        else:
+            target = min(flagged_set, key=lambda n: self.nodes[n].order)
+            invalid = set(flagged_set)
+            for n in flagged_set:
+                invalid |= self.descendants(n)
+        return target, frozenset(invalid)
+
+
+def node_id(stage_id: str, item: str | None) -> str:
+    return stage_id if item is None else f"{stage_id}/{item}"
+
+
+def build_graph(plan: Plan) -> Graph:
+    """Expand a validated plan into its node graph."""
+    stages = plan.all_stages()
+    stage_nodes = {s.id: tuple(node_id(s.id, i) for i in s.items()) or (s.id,) for s in stages}
+    level: dict[str, int] = {}
+    for s in stages:  # a plan may list a stage before its dependencies: order nodes by depth
+        level[s.id] = _depth(s.id, {x.id: x for x in stages}, level)
+    ordered = sorted(stages, key=lambda s: level[s.id])
+    nodes: dict[str, NodeSpec] = {}
+    for s in ordered:
+        deps = tuple(n for d in s.depends_on for n in stage_nodes[d])
+        items: tuple[str | None, ...] = s.items() or (None,)
+        for item in items:
+            nid = node_id(s.id, item)
+            nodes[nid] = NodeSpec(id=nid, stage=s, item=item, deps=deps, order=len(nodes))
+    dependents: dict[str, list[str]] = {n: [] for n in nodes}
+    for spec in nodes.values():
+        for d in spec.deps:
+            dependents[d].append(spec.id)
+    return Graph(nodes=nodes, dependents={k: tuple(v) for k, v in dependents.items()}, stage_nodes=stage_nodes)
+
+
+def _depth(stage_id: str, by_id: dict[str, Stage], memo: dict[str, int]) -> int:
+    if stage_id not in memo:
+        deps = by_id[stage_id].depends_on
+        memo[stage_id] = 1 + max((_depth(d, by_id, memo) for d in deps), default=-1)
+    return memo[stage_id]

@@ -1,0 +1,229 @@
+"""The twelve event types: every fact the ledger records, as frozen pydantic models.
+
+The schema evolves append-only: new fields are optional with defaults; a breaking change bumps
+``schema_version`` and adds an upcaster to ``_UPCASTERS``. History is never rewritten.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from rules.actions import Action, HumanDecisionType
+from rules.envelope import NewEvent, StoredEvent
+from rules.plan import Plan
+
+
+class FailureKind(StrEnum):
+    """Why an attempt failed; the rules treat each kind differently (seed 003: technical vs content)."""
+
+    TECHNICAL = "technical"  # timeouts, 5xx, vendor job errors: retry with backoff
+    CONTENT = "content"  # the vendor refused the content: never resend it unchanged
+    UNKNOWN_OUTCOME = "unknown_outcome"  # the vendor cannot say whether it ran: a person decides
+    STALLED = "stalled"  # progress stopped past the watchdog threshold: cancelled at the vendor
+    INVALID_OUTPUT = "invalid_output"  # the artifact or the model output failed validation
+
+
+class MarkerKind(StrEnum):
+    """System markers: facts about the machinery rather than the work."""
+
+    VOID = "void"  # an INTENT provably never reached the vendor
+    TIMEOUT = "timeout"  # a human request passed its deadline
+    STALL = "stall"
+    LEASE = "lease"
+    COST_ANOMALY = "cost_anomaly"
+    REJECTED_INPUT = "rejected_input"  # e.g. a human decision that failed validation
+
+
+class Verdict(StrEnum):
+    """The four review verdicts."""
+
+    PASS = "Pass"
+    SOFT_WARNING = "SoftWarning"
+    QUALITY_REWORK = "QualityRework"
+    COMPLIANCE_BLOCK = "ComplianceBlock"
+
+
+class ArtifactRef(BaseModel, frozen=True):
+    """A registered artifact: where it is and what its bytes hash to."""
+
+    uri: str
+    sha256: str
+    size: int = 0
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class TaskCreated(_Event):
+    type: Literal["TaskCreated"] = "TaskCreated"
+    plan: Plan
+
+
+class Intent(_Event):
+    """The loop's decision, written (fenced) before it is acted on."""
+
+    type: Literal["Intent"] = "Intent"
+    action: Action
+    rule: str  # "R11" or "LLM"
+    watermark: int  # the decision was made on fold(events with seq <= watermark) …
+    decided_at: datetime  # … at this workflow time: together they let an audit recompute it
+    reservation: Decimal = Decimal(0)
+
+
+class Decision(_Event):
+    """An LLM's discretionary choice, with everything needed to judge it later."""
+
+    type: Literal["Decision"] = "Decision"
+    model: str
+    prompt_hash: str
+    raw_output: str = Field(max_length=20000)
+    action: Action | None = None
+    valid: bool
+    error: str | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: Decimal = Decimal(0)
+
+
+class Outcome(_Event):
+    """A node's attempt succeeded and its artifact is registered."""
+
+    type: Literal["Outcome"] = "Outcome"
+    node: str
+    operation_key: str
+    job_id: str | None = None
+    artifact: ArtifactRef
+    actual_cost: Decimal
+
+
+class ExecutionResult(_Event):
+    """A check's result: a static gate (``kind='gate'``) or the review (``kind='review'``)."""
+
+    type: Literal["ExecutionResult"] = "ExecutionResult"
+    kind: Literal["gate", "review"]
+    node: str
+    operation_key: str
+    passed: bool = True
+    input_version: int = 0
+    verdict: Verdict | None = None
+    flagged: tuple[str, ...] = ()
+    findings: tuple[str, ...] = ()
+    scores: dict[str, float] = Field(default_factory=dict)
+    actual_cost: Decimal = Decimal(0)
+
+
+class Progress(_Event):
+    type: Literal["Progress"] = "Progress"
+    node: str
+    operation_key: str
+    job_id: str
+    progress: float = 0.0
+
+
+class Failure(_Event):
+    type: Literal["Failure"] = "Failure"
+    node: str
+    operation_key: str
+    kind: FailureKind
+    error: str = Field(max_length=4000)
+    actual_cost: Decimal = Decimal(0)
+
+
+class SystemMarker(_Event):
+    type: Literal["SystemMarker"] = "SystemMarker"
+    kind: MarkerKind
+    node: str | None = None
+    operation_key: str | None = None
+    request_id: str | None = None
+    detail: str = ""
+
+
+class HumanDecision(_Event):
+    type: Literal["HumanDecision"] = "HumanDecision"
+    request_id: str
+    decision: HumanDecisionType
+    approver: str
+    note: str = Field(default="", max_length=2000)
+    amount: Decimal | None = None
+
+
+class RollbackDone(_Event):
+    type: Literal["Rollback"] = "Rollback"
+    target: str
+    invalidated: tuple[str, ...]
+    flagged: tuple[str, ...] = ()
+    round: int
+    reason: str = ""
+
+
+class Escalation(_Event):
+    type: Literal["Escalation"] = "Escalation"
+    reason: str
+    terminal: bool
+    request_id: str | None = None
+    resolves: str | None = None
+
+
+class PartialResolution(_Event):
+    """A person resolved part of a task outside the normal path (e.g. a dead-letter recovery)."""
+
+    type: Literal["PartialResolution"] = "PartialResolution"
+    node: str
+    resolution: str
+    note: str = ""
+
+
+LedgerEvent = Annotated[
+    TaskCreated
+    | Intent
+    | Decision
+    | Outcome
+    | ExecutionResult
+    | Progress
+    | Failure
+    | SystemMarker
+    | HumanDecision
+    | RollbackDone
+    | Escalation
+    | PartialResolution,
+    Field(discriminator="type"),
+]
+EVENT_TYPES = (
+    "TaskCreated",
+    "Intent",
+    "Decision",
+    "Outcome",
+    "ExecutionResult",
+    "Progress",
+    "Failure",
+    "SystemMarker",
+    "HumanDecision",
+    "Rollback",
+    "Escalation",
+    "PartialResolution",
+)
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(LedgerEvent)
+_UPCASTERS: dict[tuple[str, int], Any] = {}  # (type, from_version) -> callable(payload) -> payload
+
+
+def parse(stored: StoredEvent) -> Any:
+    """Turn a stored envelope into its typed event, upcasting old schema versions first."""
+    payload = stored.payload
+    version = stored.schema_version
+    while (stored.type, version) in _UPCASTERS:
+        payload = _UPCASTERS[(stored.type, version)](payload)
+        version += 1
+    return _ADAPTER.validate_python({**payload, "type": stored.type})
+
+
+def to_new(event: _Event, dedup_key: str, operation_key: str | None = None) -> NewEvent:
+    """Wrap a typed event for appending."""
+    payload = event.model_dump(mode="json", exclude={"type"})
+    return NewEvent(type=event.type, dedup_key=dedup_key, operation_key=operation_key, payload=payload)  # type: ignore[attr-defined]

@@ -1,0 +1,85 @@
+"""What an LLM may propose when no rule matches, and the checks its proposal must pass to become an action.
+
+The model never writes an action directly: it proposes ``{"action": "dispatch", "node": …}``,
+``{"action": "escalate", "reason": …}`` or ``{"action": "ask_human", "reason": …}``. Everything else of the
+action (operation key, attempt, estimate) is computed here from the projection, and a dispatch must name a
+ready node and pass the same cost admission as the rule path. Anything else becomes a question to a person.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rules.actions import Action, Dispatch, Escalate, HumanDecisionType, HumanRequest, RequestKind, SuspendForHuman
+from rules.admission import admits
+from rules.projection import Projection
+from rules.table import operation_key, ready_nodes
+
+ALLOWED_LLM_ACTIONS: Final = ["dispatch", "escalate", "ask_human"]
+
+
+class Proposal(BaseModel):
+    """The only shape of model output we accept (strict: unknown fields and wrong types are refused)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    action: str = Field(max_length=20)
+    node: str | None = Field(default=None, max_length=200)
+    reason: str = Field(default="", max_length=500)
+
+
+def parse_proposal(raw: Any) -> tuple[Proposal | None, str | None]:
+    """Validate the model's JSON object; returns (proposal, None) or (None, why it was refused)."""
+    try:
+        proposal = Proposal.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        return None, f"invalid output: {'.'.join(map(str, first['loc'])) or 'value'}: {first['msg']}"
+    if proposal.action not in ALLOWED_LLM_ACTIONS:
+        return None, f"action {proposal.action[:20]!r} is not one of {ALLOWED_LLM_ACTIONS}"
+    return proposal, None
+
+
+def check_llm_action(p: Projection, raw: Any) -> tuple[str | None, Action | None]:
+    """Turn a proposal into an action the loop may take, or say why not."""
+    if raw is None:
+        return "the model gave no usable output", None
+    proposal, problem = parse_proposal(raw)
+    if proposal is None:
+        return problem, None
+    if proposal.action == "escalate":
+        n = sum(1 for r in p.requests.values() if r.request.kind == RequestKind.ESCALATION) + 1
+        reason = f"model escalated: {proposal.reason or 'no reason given'}"
+        request = HumanRequest(
+            id=f"escalation:{n}",
+            kind=RequestKind.ESCALATION,
+            reason=reason,
+            options=(HumanDecisionType.RESUME, HumanDecisionType.ADD_BUDGET, HumanDecisionType.ABORT),
+        )
+        return None, Escalate(reason=reason, terminal=False, request=request)
+    if proposal.action == "ask_human":
+        request = HumanRequest(
+            id=f"invalid_decision:{p.watermark}",
+            kind=RequestKind.INVALID_DECISION,
+            reason=f"model asks a person: {proposal.reason or 'no reason given'}",
+            options=(HumanDecisionType.RESUME, HumanDecisionType.ABORT),
+        )
+        return None, SuspendForHuman(request=request)
+    ready = {n.id: n for n in ready_nodes(p)}
+    if proposal.node not in ready:
+        return f"node {str(proposal.node)[:60]!r} is not ready to dispatch", None
+    node = ready[proposal.node]
+    stage = p.graph.nodes[node.id].stage
+    if not admits(p, stage.estimate):
+        return f"dispatch of {node.id} refused by cost admission (estimate {stage.estimate})", None
+    attempt = node.attempts + 1
+    return None, Dispatch(
+        node=node.id,
+        attempt=attempt,
+        operation_key=operation_key(p.task_id, node.id, attempt),
+        executor=stage.executor,
+        estimate=stage.estimate,
+        reason=f"model: {proposal.reason[:200]}",
+    )

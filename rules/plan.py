@@ -1,0 +1,306 @@
+"""The plan: what a task must produce, as a DAG of stages, with its money, time and people limits.
+
+A plan is validated synchronously at submission (``load_plan`` / ``validate_plan``) and every rejection is
+one :class:`PlanError` whose message names the offending stage. The framework appends two stages to every
+plan: ``compose`` (assembles the business outputs) and ``review`` (the two-phase review).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+ID_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
+_ID_RE: Final = re.compile(ID_PATTERN)
+MAX_AMOUNT: Final = Decimal("1000000000")  # one billion: anything larger is a typo or an attack
+MAX_FAN_OUT: Final = 500
+MAX_STAGES: Final = 200
+COMPOSE: Final = "compose"
+REVIEW: Final = "review"
+FRAMEWORK_STAGES: Final = (COMPOSE, REVIEW)
+
+
+class PlanError(ValueError):
+    """A plan was refused. The message is one line meant for the person who wrote the plan."""
+
+
+def parse_amount(value: Any) -> Decimal:
+    """An amount of money: a finite, non-negative number no larger than MAX_AMOUNT.
+
+    Booleans and floats' binary noise are refused/normalised: floats are read through their shortest repr.
+    """
+    if isinstance(value, bool) or value is None:
+        raise ValueError("must be a number")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        value = repr(value)
+    if isinstance(value, int | str | Decimal):
+        try:
+            amount = Decimal(str(value).strip())
+        except InvalidOperation:
+            raise ValueError(f"must be a number, got {str(value)[:40]!r}") from None
+    else:
+        raise ValueError(f"must be a number, got {type(value).__name__}")
+    if not amount.is_finite():
+        raise ValueError("must be a finite number")
+    if amount < 0:
+        raise ValueError(f"must not be negative, got {amount}")
+    if amount > MAX_AMOUNT:
+        raise ValueError(f"must be at most {MAX_AMOUNT}, got {amount:.3E}")
+    return amount
+
+
+_DURATION_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """A duration in seconds, from a number of seconds or a string such as ``"90s"``, ``"5m"``, ``"2h"``."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"must be a duration like 30s, 5m or 2h, got {str(value)[:40]!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("must be a positive duration")
+    if seconds > 366 * 86400:
+        raise ValueError("must be at most a year")
+    return seconds
+
+
+def _check_id(value: Any) -> str:
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        shown = str(value)[:40]
+        raise ValueError(f"{shown!r} is not a valid id (1-64 characters of A-Z a-z 0-9 _ . -)")
+    return value
+
+
+Amount = Annotated[Decimal, BeforeValidator(parse_amount)]
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+Ident = Annotated[str, BeforeValidator(_check_id)]
+
+
+class TimeoutPolicy(StrEnum):
+    """What the loop does when a person does not answer in time."""
+
+    APPROVE = "approve"
+    ABORT = "abort"
+    ESCALATE = "escalate"
+
+
+class Value(StrEnum):
+    """How much a node matters (seed 003): hero nodes get more repair attempts."""
+
+    HERO = "hero"
+    STANDARD = "standard"
+    BACKGROUND = "background"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ApprovalPolicy(_Strict):
+    """How approval points and other human requests behave."""
+
+    timeout: Seconds = 3600.0
+    policy: TimeoutPolicy = TimeoutPolicy.ESCALATE
+    approvers: tuple[Ident, ...] = ()
+
+
+class ReviewConfig(_Strict):
+    """The framework's review stage: which reviewers judge the composition."""
+
+    reviewers: tuple[Ident, ...] = ("compliance.rules", "content.llm")
+    estimate: Amount = Decimal("0.05")
+
+
+class Stage(_Strict):
+    """One business stage. With ``fan_out`` it expands into one node per item (e.g. one per shot)."""
+
+    id: Ident
+    executor: str = Field(min_length=1, max_length=64)
+    estimate: Amount = Decimal(0)
+    depends_on: tuple[Ident, ...] = ()
+    retries: int = Field(default=2, ge=0, le=20)
+    fan_out: int | tuple[Ident, ...] | None = None
+    gate: bool = False
+    approval: bool = False
+    reviewer: Ident | None = None
+    value: Value = Value.STANDARD
+    canary: bool = True
+    input: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _fan_out_bounds(self) -> Stage:
+        if isinstance(self.fan_out, int) and not 1 <= self.fan_out <= MAX_FAN_OUT:
+            raise ValueError(f"fan_out must be between 1 and {MAX_FAN_OUT}")
+        if isinstance(self.fan_out, tuple):
+            if not 1 <= len(self.fan_out) <= MAX_FAN_OUT:
+                raise ValueError(f"fan_out must list between 1 and {MAX_FAN_OUT} items")
+            if len(set(self.fan_out)) != len(self.fan_out):
+                raise ValueError("fan_out items must be unique")
+        return self
+
+    def items(self) -> tuple[str, ...]:
+        """The fan-out item names (``S01``… for a count), or ``()`` for a single-node stage."""
+        if self.fan_out is None:
+            return ()
+        if isinstance(self.fan_out, int):
+            width = max(2, len(str(self.fan_out)))
+            return tuple(f"S{i:0{width}d}" for i in range(1, self.fan_out + 1))
+        return self.fan_out
+
+
+class Plan(_Strict):
+    """A validated plan. Build it with :func:`load_plan` or :func:`validate_plan`, not directly."""
+
+    task_id: Ident | None = None
+    goal: str = Field(min_length=1, max_length=2000)
+    project: Ident = "default"
+    episode: Ident | None = None
+    budget_ceiling: Amount
+    time_ceiling: Seconds = 24 * 3600.0
+    rework_limit: int = Field(default=2, ge=0, le=20)
+    gate_threshold: Amount | None = None
+    concurrency: int = Field(default=8, ge=1, le=MAX_FAN_OUT)
+    approval: ApprovalPolicy = ApprovalPolicy()
+    review: ReviewConfig = ReviewConfig()
+    stages: tuple[Stage, ...] = Field(min_length=1)
+
+    def stage(self, stage_id: str) -> Stage:
+        for s in self.all_stages():
+            if s.id == stage_id:
+                return s
+        raise KeyError(stage_id)
+
+    def all_stages(self) -> tuple[Stage, ...]:
+        """Business stages followed by the framework's compose and review stages."""
+        business_ids = {s.id for s in self.stages}
+        depended = {d for s in self.stages for d in s.depends_on}
+        sinks = tuple(s.id for s in self.stages if s.id not in depended and s.id in business_ids)
+        compose = Stage(id=COMPOSE, executor=COMPOSE, depends_on=sinks, retries=2)
+        review = Stage(id=REVIEW, executor=REVIEW, depends_on=(COMPOSE,), estimate=self.review.estimate, retries=2)
+        return (*self.stages, compose, review)
+
+
+class Routes(_Strict):
+    """What this deployment can run: executor names and reviewer names it has a route for."""
+
+    executors: frozenset[str]
+    reviewers: frozenset[str]
+
+
+def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = None) -> Plan:
+    """Validate a plan document against this deployment's routes.
+
+    Raises:
+        PlanError: with one line naming the offending stage or field.
+    """
+    if not isinstance(raw, dict):
+        raise PlanError("plan: the document must be a mapping with goal, budget_ceiling and stages")
+    if task_id is not None:
+        raw = {**raw, "task_id": task_id}
+    stages_raw = raw.get("stages")
+    if isinstance(stages_raw, list) and len(stages_raw) > MAX_STAGES:
+        raise PlanError(f"plan: at most {MAX_STAGES} stages, got {len(stages_raw)}")
+    try:
+        plan = Plan.model_validate(raw)
+    except ValidationError as e:
+        raise PlanError(_describe(e, raw)) from None
+    _check_graph(plan)
+    _check_routes(plan, routes)
+    return plan
+
+
+def load_plan(text: str, routes: Routes, *, task_id: str | None = None) -> Plan:
+    """Parse a YAML (or JSON) plan and validate it."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PlanError(f"plan: not valid YAML{where}") from None
+    return validate_plan(raw, routes, task_id=task_id)
+
+
+def _describe(error: ValidationError, raw: dict[str, Any]) -> str:
+    first = error.errors()[0]
+    loc = list(first["loc"])
+    where = "plan"
+    if len(loc) >= 2 and loc[0] == "stages" and isinstance(loc[1], int):
+        stages = raw.get("stages") or []
+        sid = stages[loc[1]].get("id") if loc[1] < len(stages) and isinstance(stages[loc[1]], dict) else None
+        where = f"stage {sid!r}" if isinstance(sid, str) and _ID_RE.match(sid) else f"stage #{loc[1] + 1}"
+        loc = loc[2:]
+    field = ".".join(str(p) for p in loc if not isinstance(p, int) and p not in ("function-before",))
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "missing":
+        msg = "is required"
+    elif first["type"] == "extra_forbidden":
+        msg = "is not a known field"
+    return f"{where}: {field} {msg}".replace(": ", ": ", 1) if field else f"{where}: {msg}"
+
+
+def _check_graph(plan: Plan) -> None:
+    seen: set[str] = set()
+    for s in plan.stages:
+        if s.id in FRAMEWORK_STAGES:
+            raise PlanError(f"stage {s.id!r}: the id is reserved for the framework's own stage")
+        if s.id in seen:
+            raise PlanError(f"stage {s.id!r}: duplicate stage id")
+        seen.add(s.id)
+    for s in plan.stages:
+        for dep in s.depends_on:
+            if dep not in seen:
+                raise PlanError(f"stage {s.id!r}: depends on unknown stage {dep!r}")
+            if dep == s.id:
+                raise PlanError(f"stage {s.id!r}: depends on itself")
+    cycle = find_cycle({s.id: s.depends_on for s in plan.stages})
+    if cycle:
+        raise PlanError(f"stage {cycle[0]!r}: dependency cycle {' -> '.join(cycle)}")
+
+
+def find_cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:
+    """Return one dependency cycle as a path that starts and ends on the same id, or None."""
+    white, grey, black = 0, 1, 2
+    color = dict.fromkeys(deps, white)
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        color[node] = grey
+        stack.append(node)
+        for dep in deps.get(node, ()):
+            if color.get(dep) == grey:
+                return [*stack[stack.index(dep) :], dep]
+            if color.get(dep) == white and (found := visit(dep)):
+                return found
+        stack.pop()
+        color[node] = black
+        return None
+
+    for node in deps:
+        if color[node] == white and (found := visit(node)):
+            return found
+    return None
+
+
+def _check_routes(plan: Plan, routes: Routes) -> None:
+    for s in plan.stages:
+        if s.executor not in routes.executors:
+            raise PlanError(f"stage {s.id!r}: executor {s.executor!r} has no route")
+        if s.reviewer is not None and s.reviewer not in routes.reviewers:
+            raise PlanError(f"stage {s.id!r}: reviewer {s.reviewer!r} has no mapping")
+    for r in plan.review.reviewers:
+        if r not in routes.reviewers:
+            raise PlanError(f"stage 'review': reviewer {r!r} has no mapping")

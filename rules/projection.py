@@ -1,0 +1,464 @@
+"""The projection: a task's current business state, derived only by folding its ledger events.
+
+The projection is never stored. ``fold`` builds one from scratch; ``apply`` advances one by a single event,
+in place, which is what the workflow does after each ledger read (so a long task never refolds its whole
+history). Everything here is pure: no clock (times come from events' ``recorded_at``), no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, assert_never
+
+from rules.actions import (
+    Complete,
+    Dispatch,
+    Escalate,
+    HumanDecisionType,
+    HumanRequest,
+    RequestKind,
+    Rollback,
+    StaticGate,
+    SuspendForHuman,
+    Wait,
+)
+from rules.dag import Graph, build_graph
+from rules.envelope import StoredEvent
+from rules.events import (
+    Decision,
+    Escalation,
+    ExecutionResult,
+    Failure,
+    FailureKind,
+    HumanDecision,
+    Intent,
+    MarkerKind,
+    Outcome,
+    PartialResolution,
+    Progress,
+    RollbackDone,
+    SystemMarker,
+    TaskCreated,
+    Verdict,
+    parse,
+)
+from rules.plan import Plan, TimeoutPolicy, Value
+
+
+class TaskState(StrEnum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    WAITING_HUMAN = "WaitingHuman"
+    REPAIRING = "Repairing"
+    ESCALATED = "Escalated"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"
+    LEASED = "leased"
+    RUNNING = "running"
+    WAITING_HUMAN = "waiting_human"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    COMPENSATING = "compensating"
+    CANCELLED = "cancelled"
+    STALE = "stale"
+
+
+@dataclass(slots=True)
+class FailureInfo:
+    attempt: int
+    kind: FailureKind
+    error: str
+    at: datetime
+
+
+@dataclass(slots=True)
+class NodeView:
+    """What the ledger says about one node."""
+
+    id: str
+    status: NodeStatus = NodeStatus.PENDING
+    attempts: int = 0  # business attempts dispatched so far (each has its own OperationKey)
+    extra_attempts: int = 0  # granted by a person (Resume on a dead letter)
+    operation_key: str | None = None  # the current attempt's key
+    job_id: str | None = None
+    in_flight: bool = False
+    reserved: Decimal = Decimal(0)  # outstanding reservation of the in-flight attempt
+    spent: Decimal = Decimal(0)
+    failures: list[FailureInfo] = field(default_factory=list)
+    retry_at: datetime | None = None
+    artifact: dict[str, Any] | None = None
+    artifact_seq: int = 0  # seq of the Outcome that registered the current artifact version
+    versions: int = 0
+    approved: bool = False
+    gate_pending: int | None = None  # input version whose static gate is in progress
+    gate_op: str | None = None
+    gates: dict[int, bool] = field(default_factory=dict)  # input version -> passed
+    dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
+
+    @property
+    def last_failure(self) -> FailureInfo | None:
+        return self.failures[-1] if self.failures else None
+
+
+@dataclass(slots=True)
+class RequestView:
+    request: HumanRequest
+    opened_seq: int
+    decision: HumanDecisionType | None = None
+    decided_by: str | None = None
+    timed_out: bool = False
+    applied: bool = False  # the timeout policy's consequence has been recorded
+
+    @property
+    def open(self) -> bool:
+        return self.decision is None and not self.timed_out
+
+
+@dataclass(slots=True)
+class ReviewView:
+    verdict: Verdict
+    seq: int
+    flagged: tuple[str, ...]
+    findings: tuple[str, ...]
+    scores: dict[str, float]
+    handled: bool = False  # a rollback or escalation has answered this verdict
+
+
+@dataclass
+class Projection:
+    """The fold of one task's events. Treat as read-only outside this module."""
+
+    task_id: str
+    plan: Plan
+    graph: Graph
+    created_at: datetime
+    watermark: int = 0
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    requests: dict[str, RequestView] = field(default_factory=dict)
+    ceiling: Decimal = Decimal(0)
+    spent: Decimal = Decimal(0)
+    reserved: Decimal = Decimal(0)
+    inference_spent: Decimal = Decimal(0)
+    review: ReviewView | None = None
+    rework_rounds: int = 0
+    rework_allowance: int = 0  # extra rounds granted by a person
+    aborted_by: str | None = None
+    completed: bool = False
+    terminal_reason: str | None = None
+    escalation_reason: str | None = None
+    intents: int = 0
+    llm_decisions: int = 0
+    events_seen: int = 0
+    cost_anomalies: int = 0
+    failed_gate: str | None = None
+
+    @property
+    def state(self) -> TaskState:
+        if self.completed:
+            return TaskState.COMPLETED
+        if self.terminal_reason is not None:
+            return TaskState.FAILED
+        open_kinds = {r.request.kind for r in self.requests.values() if r.open}
+        if RequestKind.ESCALATION in open_kinds:
+            return TaskState.ESCALATED
+        if open_kinds:
+            return TaskState.WAITING_HUMAN
+        if any(n.status == NodeStatus.STALE for n in self.nodes.values()):
+            return TaskState.REPAIRING
+        if self.intents:
+            return TaskState.RUNNING
+        return TaskState.QUEUED
+
+    @property
+    def terminal(self) -> bool:
+        return self.completed or self.terminal_reason is not None
+
+    def in_flight(self) -> list[NodeView]:
+        return [n for n in self.nodes.values() if n.in_flight]
+
+    def max_attempts(self, node: str) -> int:
+        spec = self.graph.nodes[node]
+        bonus = 2 if spec.stage.value == Value.HERO else 0
+        return spec.stage.retries + 1 + bonus + self.nodes[node].extra_attempts
+
+
+def new_projection(created: StoredEvent) -> Projection:
+    """Start a projection from the task's TaskCreated event."""
+    event = parse(created)
+    if not isinstance(event, TaskCreated):
+        raise ValueError(f"first event of {created.task_id} is {created.type}, not TaskCreated")
+    graph = build_graph(event.plan)
+    p = Projection(
+        task_id=created.task_id,
+        plan=event.plan,
+        graph=graph,
+        created_at=created.recorded_at,
+        ceiling=event.plan.budget_ceiling,
+        nodes={n: NodeView(id=n) for n in graph.nodes},
+    )
+    p.watermark = created.seq
+    p.events_seen = 1
+    return p
+
+
+def fold(events: Iterable[StoredEvent]) -> Projection:
+    """Fold a task's events (in seq order, starting with TaskCreated) into a projection."""
+    it = iter(events)
+    p = new_projection(next(it))
+    for e in it:
+        apply(p, e)
+    return p
+
+
+def apply(p: Projection, stored: StoredEvent) -> None:
+    """Advance ``p`` by one event, in place. Events at or below the watermark are ignored."""
+    if stored.seq <= p.watermark:
+        return
+    p.watermark = stored.seq
+    p.events_seen += 1
+    event = parse(stored)
+    match event:
+        case TaskCreated():
+            pass
+        case Intent():
+            _apply_intent(p, event, stored)
+        case Decision():
+            p.llm_decisions += 1
+            _spend(p, None, event.cost, inference=True)
+        case Outcome():
+            node = p.nodes.get(event.node)
+            if node is None:
+                return
+            _settle(p, node, event.operation_key, event.actual_cost)
+            if event.operation_key == node.operation_key and node.status not in (NodeStatus.STALE,):
+                node.status = NodeStatus.SUCCEEDED
+                node.artifact = event.artifact.model_dump()
+                node.artifact_seq = stored.seq
+                node.versions += 1
+                node.job_id = event.job_id or node.job_id
+        case ExecutionResult():
+            _apply_result(p, event, stored)
+        case Progress():
+            node = p.nodes.get(event.node)
+            if node is not None and event.operation_key == node.operation_key:
+                node.job_id = event.job_id
+        case Failure():
+            node = p.nodes.get(event.node)
+            if node is None:
+                return
+            _settle(p, node, event.operation_key, event.actual_cost)
+            if event.operation_key == node.gate_op:
+                node.gate_pending = None  # the gate itself broke (not a verdict): the rules re-issue it
+            elif event.operation_key == node.operation_key and node.status != NodeStatus.STALE:
+                node.status = NodeStatus.FAILED
+                node.failures.append(FailureInfo(node.attempts, event.kind, event.error, stored.recorded_at))
+                node.retry_at = stored.recorded_at + backoff(node.attempts)
+                node.dead_letter = None
+        case SystemMarker():
+            _apply_marker(p, event)
+        case HumanDecision():
+            _apply_human(p, event)
+        case RollbackDone():
+            p.rework_rounds = max(p.rework_rounds, event.round)
+            for n in event.invalidated:
+                view = p.nodes.get(n)
+                if view is not None:
+                    view.status = NodeStatus.STALE
+                    view.approved = False
+            if p.review is not None:
+                p.review.handled = True
+        case Escalation():
+            if event.terminal:
+                p.terminal_reason = event.reason
+            else:
+                p.escalation_reason = event.reason
+            if event.resolves and event.resolves in p.requests:
+                p.requests[event.resolves].applied = True
+            if p.review is not None and p.review.verdict == Verdict.QUALITY_REWORK:
+                p.review.handled = True
+        case PartialResolution():
+            node = p.nodes.get(event.node)
+            if node is not None:
+                node.dead_letter = None
+        case _:
+            assert_never(event)
+
+
+def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
+    p.intents += 1
+    match e.action:
+        case Dispatch() as d:
+            node = p.nodes[d.node]
+            node.status = NodeStatus.RUNNING
+            node.attempts = d.attempt
+            node.operation_key = d.operation_key
+            node.in_flight = True
+            node.retry_at = None
+            node.job_id = None
+            node.reserved = e.reservation
+            p.reserved += e.reservation
+        case StaticGate() as g:
+            p.nodes[g.node].gate_pending = g.input_version
+            p.nodes[g.node].gate_op = g.operation_key
+        case SuspendForHuman() as s:
+            _open_request(p, s.request, stored.seq)
+        case Escalate() as esc:
+            if esc.request is not None:
+                _open_request(p, esc.request, stored.seq)
+        case Complete():
+            p.completed = True
+        case Rollback() | Wait():
+            pass
+        case _:
+            assert_never(e.action)
+
+
+def _open_request(p: Projection, request: HumanRequest, seq: int) -> None:
+    p.requests[request.id] = RequestView(request=request, opened_seq=seq)
+    if request.kind == RequestKind.DEAD_LETTER and request.node in p.nodes:
+        p.nodes[request.node].dead_letter = request.id
+
+
+def _apply_result(p: Projection, e: ExecutionResult, stored: StoredEvent) -> None:
+    node = p.nodes.get(e.node)
+    if node is None:
+        return
+    if e.kind == "gate":
+        node.gates[e.input_version] = e.passed
+        node.gate_pending = None
+        if not e.passed:
+            p.failed_gate = f"{e.node}: {'; '.join(e.findings) or 'compliance gate failed'}"
+        _spend(p, None, e.actual_cost)
+        return
+    _settle(p, node, e.operation_key, e.actual_cost)
+    if e.operation_key == node.operation_key and node.status != NodeStatus.STALE:
+        node.status = NodeStatus.SUCCEEDED
+        node.versions += 1
+        node.artifact_seq = stored.seq
+        if e.verdict is not None:
+            p.review = ReviewView(e.verdict, stored.seq, e.flagged, e.findings, dict(e.scores))
+
+
+def _apply_marker(p: Projection, e: SystemMarker) -> None:
+    if e.kind == MarkerKind.TIMEOUT and e.request_id in p.requests:
+        r = p.requests[e.request_id]
+        if r.open:
+            r.timed_out = True
+            if r.request.timeout_policy == TimeoutPolicy.APPROVE:
+                _grant(p, r, HumanDecisionType.APPROVE)
+                r.applied = True
+    elif e.kind == MarkerKind.VOID and e.node in p.nodes:
+        node = p.nodes[e.node]
+        if e.operation_key == node.operation_key and node.in_flight:
+            _release(p, node)
+            node.status = NodeStatus.PENDING
+            node.attempts -= 1  # the voided attempt never reached the vendor: it does not count
+    elif e.kind == MarkerKind.COST_ANOMALY:
+        p.cost_anomalies += 1
+
+
+def _apply_human(p: Projection, e: HumanDecision) -> None:
+    r = p.requests.get(e.request_id)
+    if r is None or not r.open:
+        return  # the recording path validates; a late duplicate changes nothing
+    r.decision = e.decision
+    r.decided_by = e.approver
+    if e.decision == HumanDecisionType.ABORT:
+        p.aborted_by = e.approver
+        return
+    if e.decision == HumanDecisionType.ADD_BUDGET and e.amount is not None:
+        p.ceiling += e.amount
+    _grant(p, r, e.decision)
+
+
+def _grant(p: Projection, r: RequestView, decision: HumanDecisionType) -> None:
+    """What an Approve / Resume / AddBudget means for the thing the request was about."""
+    req = r.request
+    node = p.nodes.get(req.node) if req.node else None
+    if req.kind == RequestKind.APPROVAL and node is not None:
+        node.approved = True
+    elif req.kind == RequestKind.DEAD_LETTER and node is not None:
+        node.extra_attempts += 1
+        node.status = NodeStatus.PENDING if node.status == NodeStatus.FAILED else node.status
+        node.dead_letter = None
+    elif req.kind == RequestKind.ESCALATION:
+        p.escalation_reason = None
+        if node is not None and node.status == NodeStatus.FAILED:
+            node.extra_attempts += 1  # resuming a stopped node grants it one more attempt
+            node.status = NodeStatus.PENDING
+            node.dead_letter = None
+        if p.review is not None and p.review.verdict == Verdict.QUALITY_REWORK and p.review.handled:
+            p.rework_allowance += 1
+            p.review.handled = False
+    del decision
+
+
+def _settle(p: Projection, node: NodeView, operation_key: str, actual: Decimal) -> None:
+    if operation_key == node.operation_key and node.in_flight:
+        _release(p, node)
+    _spend(p, node, actual)
+
+
+def _release(p: Projection, node: NodeView) -> None:
+    p.reserved -= node.reserved
+    node.reserved = Decimal(0)
+    node.in_flight = False
+
+
+def _spend(p: Projection, node: NodeView | None, amount: Decimal, *, inference: bool = False) -> None:
+    p.spent += amount
+    if node is not None:
+        node.spent += amount
+    if inference:
+        p.inference_spent += amount
+
+
+def backoff(attempt: int) -> timedelta:
+    """Delay before retrying a technical failure: exponential, capped (jitter-free: rules are pure)."""
+    return timedelta(seconds=min(60.0, 0.5 * 2 ** max(0, attempt - 1)))
+
+
+def summary(p: Projection) -> dict[str, Any]:
+    """A JSON-safe status summary (what the workflow's status query and the CLI show)."""
+    return {
+        "task_id": p.task_id,
+        "state": p.state.value,
+        "watermark": p.watermark,
+        "ceiling": str(p.ceiling),
+        "spent": str(p.spent),
+        "reserved": str(p.reserved),
+        "rework_rounds": p.rework_rounds,
+        "verdict": p.review.verdict.value if p.review else None,
+        "terminal_reason": p.terminal_reason,
+        "escalation_reason": p.escalation_reason,
+        "nodes": {
+            n.id: {
+                "status": n.status.value,
+                "attempts": n.attempts,
+                "spent": str(n.spent),
+                "in_flight": n.in_flight,
+                "last_error": n.last_failure.error if n.last_failure else None,
+            }
+            for n in p.nodes.values()
+        },
+        "open_requests": [
+            {
+                "id": r.request.id,
+                "kind": r.request.kind.value,
+                "node": r.request.node,
+                "reason": r.request.reason,
+                "options": [o.value for o in r.request.options],
+                "deadline": r.request.deadline.isoformat() if r.request.deadline else None,
+            }
+            for r in p.requests.values()
+            if r.open
+        ],
+    }

@@ -1,0 +1,367 @@
+"""The rule table: a fixed-priority, pure mapping from a projection to the next action.
+
+``decide`` walks ``RULES`` in order and returns the first matching rule's action; ``None`` means no rule
+matched and nothing is in flight (a genuinely open question: the loop asks the LLM). Rules read only the
+projection and ``now``; they never read a clock, never do I/O, never draw random numbers. That is what
+lets an audit recompute every decision from the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from rules.actions import (
+    Action,
+    Complete,
+    Dispatch,
+    Escalate,
+    HumanDecisionType,
+    HumanRequest,
+    RequestKind,
+    Rollback,
+    StaticGate,
+    SuspendForHuman,
+    Wait,
+)
+from rules.admission import admits
+from rules.events import FailureKind, Verdict
+from rules.plan import REVIEW, TimeoutPolicy
+from rules.projection import NodeStatus, NodeView, Projection
+
+_RETRYABLE: Final = frozenset({FailureKind.TECHNICAL, FailureKind.STALLED})
+_RESUME_OPTIONS: Final = (HumanDecisionType.RESUME, HumanDecisionType.ADD_BUDGET, HumanDecisionType.ABORT)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    when: Callable[[Projection, datetime], bool]
+    then: Callable[[Projection, datetime], Action]
+    doc: str
+
+
+def operation_key(task_id: str, node: str, attempt: int) -> str:
+    """One external call's key: task, node and business attempt — never a Temporal run id."""
+    return f"{task_id}:{node}:a{attempt}"
+
+
+def _escalate(p: Projection, reason: str, *, now: datetime, node: str | None = None) -> Escalate:
+    """A semi-terminal escalation: the task stops and a person may resume it."""
+    n = sum(1 for r in p.requests.values() if r.request.kind == RequestKind.ESCALATION) + 1
+    request = HumanRequest(
+        id=f"escalation:{n}",
+        kind=RequestKind.ESCALATION,
+        reason=reason,
+        node=node,
+        options=_RESUME_OPTIONS,
+    )
+    return Escalate(reason=reason, terminal=False, request=request)
+
+
+# R1 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _abort_when(p: Projection, now: datetime) -> bool:
+    return p.aborted_by is not None
+
+
+def _abort_then(p: Projection, now: datetime) -> Action:
+    return Escalate(reason=f"aborted by {p.aborted_by}", terminal=True)
+
+
+# R2 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _compliance_when(p: Projection, now: datetime) -> bool:
+    return p.failed_gate is not None or (p.review is not None and p.review.verdict == Verdict.COMPLIANCE_BLOCK)
+
+
+def _compliance_then(p: Projection, now: datetime) -> Action:
+    if p.failed_gate is not None:
+        return Escalate(reason=f"compliance gate failed: {p.failed_gate}", terminal=True)
+    findings = "; ".join(p.review.findings) if p.review else ""
+    return Escalate(reason=f"compliance block: {findings or 'review blocked the composition'}", terminal=True)
+
+
+# R3 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _complete_when(p: Projection, now: datetime) -> bool:
+    return (
+        p.review is not None
+        and p.review.verdict in (Verdict.PASS, Verdict.SOFT_WARNING)
+        and p.nodes[REVIEW].status == NodeStatus.SUCCEEDED
+        and not any(n.status == NodeStatus.STALE for n in p.nodes.values())
+    )
+
+
+def _complete_then(p: Projection, now: datetime) -> Action:
+    assert p.review is not None
+    return Complete(verdict=p.review.verdict.value)
+
+
+# R4 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _deadline(p: Projection) -> datetime:
+    return p.created_at + timedelta(seconds=p.plan.time_ceiling)
+
+
+def _time_when(p: Projection, now: datetime) -> bool:
+    return now > _deadline(p)
+
+
+def _time_then(p: Projection, now: datetime) -> Action:
+    return Escalate(reason=f"time ceiling of {p.plan.time_ceiling:g}s exceeded", terminal=True)
+
+
+# R5 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _awaiting_when(p: Projection, now: datetime) -> bool:
+    return any(r.open for r in p.requests.values())
+
+
+def _awaiting_then(p: Projection, now: datetime) -> Action:
+    return Wait(until=next_deadline(p, now))
+
+
+# R6 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _timed_out(p: Projection) -> list[str]:
+    return [rid for rid, r in p.requests.items() if r.timed_out and not r.applied]
+
+
+def _timeout_when(p: Projection, now: datetime) -> bool:
+    return bool(_timed_out(p))
+
+
+def _timeout_then(p: Projection, now: datetime) -> Action:
+    rid = _timed_out(p)[0]
+    req = p.requests[rid].request
+    reason = f"{req.kind.value} request {rid} timed out"
+    if req.timeout_policy == TimeoutPolicy.ABORT:
+        return Escalate(reason=f"{reason}: policy abort", terminal=True, resolves=rid)
+    esc = _escalate(p, f"{reason}: policy escalate", now=now, node=req.node)
+    return esc.model_copy(update={"resolves": rid})
+
+
+# R7 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _budget_when(p: Projection, now: datetime) -> bool:
+    return p.spent >= p.ceiling
+
+
+def _budget_then(p: Projection, now: datetime) -> Action:
+    return _escalate(p, f"budget exhausted: spent {p.spent} of {p.ceiling}", now=now)
+
+
+# R8 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _retryable(p: Projection, now: datetime) -> list[NodeView]:
+    out = []
+    for n in p.nodes.values():
+        last = n.last_failure
+        if (
+            n.status == NodeStatus.FAILED
+            and last is not None
+            and last.kind in _RETRYABLE
+            and n.attempts < p.max_attempts(n.id)
+            and n.retry_at is not None
+            and now >= n.retry_at
+        ):
+            out.append(n)
+    return out
+
+
+def _retry_when(p: Projection, now: datetime) -> bool:
+    return bool(_retryable(p, now))
+
+
+def _retry_then(p: Projection, now: datetime) -> Action:
+    n = _retryable(p, now)[0]
+    last = n.last_failure
+    assert last is not None
+    return _dispatch_or_escalate(p, n, f"retry {n.attempts + 1} after {last.kind.value} failure: {last.error[:200]}", now)
+
+
+# R9 ───────────────────────────────────────────────────────────────────────────────────────────────
+def _needs_person(p: Projection, now: datetime) -> tuple[NodeView, RequestKind, str] | None:
+    for n in p.nodes.values():
+        spec = p.graph.nodes[n.id]
+        if n.status == NodeStatus.SUCCEEDED and spec.stage.approval and not n.approved:
+            rid = f"approval:{n.id}:v{n.versions}"
+            if rid not in p.requests:
+                return n, RequestKind.APPROVAL, f"approve {n.id} (version {n.versions}) before its dependents run"
+        last = n.last_failure
+        if n.status != NodeStatus.FAILED or last is None or n.dead_letter is not None:
+            continue
+        if last.kind not in _RETRYABLE:
+            return n, RequestKind.DEAD_LETTER, f"{n.id} failed ({last.kind.value}): {last.error[:300]}"
+        if n.attempts >= p.max_attempts(n.id):
+            return n, RequestKind.DEAD_LETTER, f"{n.id} exhausted {n.attempts} attempts: {last.error[:300]}"
+    return None
+
+
+def _person_when(p: Projection, now: datetime) -> bool:
+    return _needs_person(p, now) is not None
+
+
+def _person_then(p: Projection, now: datetime) -> Action:
+    found = _needs_person(p, now)
+    assert found is not None
+    n, kind, reason = found
+    deadline = now + timedelta(seconds=p.plan.approval.timeout)
+    if kind == RequestKind.APPROVAL:
+        request = HumanRequest(
+            id=f"approval:{n.id}:v{n.versions}",
+            kind=kind,
+            reason=reason,
+            node=n.id,
+            options=(HumanDecisionType.APPROVE, HumanDecisionType.ABORT),
+            deadline=deadline,
+            timeout_policy=p.plan.approval.policy,
+        )
+    else:
+        request = HumanRequest(
+            id=f"dead_letter:{n.id}:a{n.attempts}",
+            kind=kind,
+            reason=reason,
+            node=n.id,
+            options=(HumanDecisionType.RESUME, HumanDecisionType.ABORT),
+            deadline=deadline,
+            # An unanswered dead letter never approves itself: the safe default is to stop and escalate.
+            timeout_policy=TimeoutPolicy.ESCALATE
+            if p.plan.approval.policy == TimeoutPolicy.APPROVE
+            else p.plan.approval.policy,
+        )
+    return SuspendForHuman(request=request)
+
+
+# R10 ──────────────────────────────────────────────────────────────────────────────────────────────
+def _rework_when(p: Projection, now: datetime) -> bool:
+    return p.review is not None and p.review.verdict == Verdict.QUALITY_REWORK and not p.review.handled
+
+
+def _rework_then(p: Projection, now: datetime) -> Action:
+    assert p.review is not None
+    if p.rework_rounds >= p.plan.rework_limit + p.rework_allowance:
+        return _escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached", now=now)
+    flagged = [f for f in p.review.flagged if f in p.nodes] or [REVIEW]
+    target, invalid = p.graph.rollback_target(flagged)
+    ordered = tuple(sorted(invalid, key=lambda n: p.graph.nodes[n].order))
+    return Rollback(
+        target=target,
+        invalidated=ordered,
+        flagged=tuple(flagged),
+        round=p.rework_rounds + 1,
+        reason="; ".join(p.review.findings)[:1000] or "quality rework",
+    )
+
+
+# R11 ──────────────────────────────────────────────────────────────────────────────────────────────
+def ready_nodes(p: Projection) -> list[NodeView]:
+    """Nodes whose dependencies succeeded (and were approved), canary and concurrency permitting."""
+    in_flight_by_stage: dict[str, int] = {}
+    for n in p.nodes.values():
+        if n.in_flight:
+            sid = p.graph.nodes[n.id].stage.id
+            in_flight_by_stage[sid] = in_flight_by_stage.get(sid, 0) + 1
+    out = []
+    for n in p.nodes.values():
+        if n.status not in (NodeStatus.PENDING, NodeStatus.STALE) or n.in_flight or n.gate_pending is not None:
+            continue
+        spec = p.graph.nodes[n.id]
+        if not all(_dep_done(p, d) for d in spec.deps):
+            continue
+        stage_nodes = p.graph.stage_nodes[spec.stage.id]
+        if spec.stage.canary and len(stage_nodes) > 1 and n.id != stage_nodes[0]:
+            canary = p.nodes[stage_nodes[0]]
+            if canary.status != NodeStatus.SUCCEEDED:
+                continue
+        if in_flight_by_stage.get(spec.stage.id, 0) >= p.plan.concurrency:
+            continue
+        out.append(n)
+    return out
+
+
+def _dep_done(p: Projection, dep: str) -> bool:
+    view = p.nodes[dep]
+    if view.status != NodeStatus.SUCCEEDED:
+        return False
+    return view.approved or not p.graph.nodes[dep].stage.approval
+
+
+def _input_version(p: Projection, node: str) -> int:
+    return max((p.nodes[d].artifact_seq for d in p.graph.nodes[node].deps), default=0)
+
+
+def _needs_gate(p: Projection, n: NodeView) -> bool:
+    stage = p.graph.nodes[n.id].stage
+    threshold = p.plan.gate_threshold
+    return stage.gate or (threshold is not None and stage.estimate >= threshold)
+
+
+def _advance_when(p: Projection, now: datetime) -> bool:
+    return bool(ready_nodes(p))
+
+
+def _advance_then(p: Projection, now: datetime) -> Action:
+    n = ready_nodes(p)[0]
+    if _needs_gate(p, n):
+        version = _input_version(p, n.id)
+        if version not in n.gates:
+            return StaticGate(node=n.id, input_version=version, operation_key=f"{p.task_id}:{n.id}:gate{version}")
+    reason = "rework" if n.status == NodeStatus.STALE else "first attempt" if n.attempts == 0 else "redo"
+    return _dispatch_or_escalate(p, n, reason, now)
+
+
+def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime) -> Action:
+    stage = p.graph.nodes[n.id].stage
+    if not admits(p, stage.estimate):
+        return _escalate(
+            p,
+            f"pre-dispatch budget insufficient for {n.id}: needs {stage.estimate}, "
+            f"spent {p.spent} + reserved {p.reserved} of {p.ceiling}",
+            now=now,
+            node=n.id,
+        )
+    attempt = n.attempts + 1
+    return Dispatch(
+        node=n.id,
+        attempt=attempt,
+        operation_key=operation_key(p.task_id, n.id, attempt),
+        executor=stage.executor,
+        estimate=stage.estimate,
+        reason=reason,
+    )
+
+
+# ── the table ─────────────────────────────────────────────────────────────────────────────────────
+RULES: Final[tuple[Rule, ...]] = (
+    Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),
+    Rule("R2", "compliance_block", _compliance_when, _compliance_then, "gate failed or review blocked: fail"),
+    Rule("R3", "complete", _complete_when, _complete_then, "review passed on a fresh composition: complete"),
+    Rule("R4", "time_ceiling", _time_when, _time_then, "past the time ceiling: fail"),
+    Rule("R5", "awaiting_human", _awaiting_when, _awaiting_then, "an open request: wait for it or its deadline"),
+    Rule("R6", "human_timeout", _timeout_when, _timeout_then, "a request timed out: apply the plan's policy"),
+    Rule("R7", "budget_exhausted", _budget_when, _budget_then, "spent reached the ceiling: escalate"),
+    Rule("R8", "retry_technical", _retry_when, _retry_then, "technical failure with attempts left: retry"),
+    Rule("R9", "needs_person", _person_when, _person_then, "content failure, exhausted, unknown, approval"),
+    Rule("R10", "quality_rework", _rework_when, _rework_then, "review asked for rework: targeted rollback"),
+    Rule("R11", "advance", _advance_when, _advance_then, "a node is ready: gate, admit, dispatch"),
+)
+
+
+def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """The first matching rule's id and action; Wait when only in-flight work remains; None otherwise."""
+    if p.terminal:
+        return None
+    for rule in RULES:
+        if rule.when(p, now):
+            return rule.id, rule.then(p, now)
+    if p.in_flight() or any(n.gate_pending is not None for n in p.nodes.values()):
+        return "wait", Wait(until=next_deadline(p, now))
+    if any(n.retry_at is not None and n.status == NodeStatus.FAILED and n.retry_at > now for n in p.nodes.values()):
+        return "wait", Wait(until=next_deadline(p, now))
+    return None
+
+
+def next_deadline(p: Projection, now: datetime) -> datetime | None:
+    """The earliest future instant at which a rule could start matching without a new event."""
+    candidates = [_deadline(p)]
+    candidates += [r.request.deadline for r in p.requests.values() if r.open and r.request.deadline]
+    candidates += [n.retry_at for n in p.nodes.values() if n.status == NodeStatus.FAILED and n.retry_at]
+    future = [c for c in candidates if c > now]
+    return min(future) if future else None

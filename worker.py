@@ -1,0 +1,98 @@
+"""Start a ledgerflow worker: TaskWorkflow and every activity, on the configured task queue.
+
+``python worker.py`` and ``ledgerflow worker`` do the same thing. Workers are stateless: run as many as you
+like on the same task queue; the ledger's fencing epoch keeps them from acting twice for one task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from decimal import Decimal
+
+import httpx
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.artifacts import LocalArtifactStore
+from activities.ledger import LedgerActivities
+from activities.llm import ChatClient, LlmActivities
+from activities.review import ReviewActivities
+from activities.stages import StageActivities
+from ledger.recorder import Recorder
+from ledgerflow.config import Settings, get_settings
+from vendors.http import HttpJobVendor
+from workflows.task import TaskWorkflow
+
+log = logging.getLogger("ledgerflow.worker")
+
+
+async def build_worker(client: Client, settings: Settings, stack: AsyncExitStack, *, task_queue: str | None = None) -> Worker:
+    """Wire the activities to their dependencies and return an (unstarted) worker."""
+    recorder = Recorder(settings.resolved_database_url())
+    recorder.create_schema()
+    stack.callback(recorder.dispose)
+    http = await stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
+    vendor = HttpJobVendor(settings.resolved_vendor_url(), settings.vendor_api_key.get_secret_value(), client=http)
+    store = LocalArtifactStore(settings.artifact_dir)
+    chat = ChatClient(
+        http,
+        settings.resolved_llm_url(),
+        settings.llm_api_key.get_secret_value(),
+        settings.llm_model,
+        Decimal(settings.llm_price_per_1k_tokens),
+    )
+    ledger = LedgerActivities(recorder)
+    stages = StageActivities(recorder, vendor, store, settings.poll_interval_seconds)
+    review = ReviewActivities(recorder, store, chat)
+    llm = LlmActivities(recorder, chat)
+    executor = ThreadPoolExecutor(max_workers=64)
+    stack.callback(executor.shutdown, wait=False)
+    return Worker(
+        client,
+        task_queue=task_queue or settings.task_queue,
+        workflows=[TaskWorkflow],
+        activities=[
+            ledger.open_task,
+            ledger.append,
+            ledger.mark,
+            ledger.read,
+            stages.run,
+            review.compose,
+            review.review,
+            review.gate,
+            llm.decide,
+        ],
+        activity_executor=executor,
+        max_concurrent_activities=64,
+    )
+
+
+async def connect(settings: Settings) -> Client:
+    return await Client.connect(
+        settings.resolved_temporal_address(), namespace=settings.namespace, data_converter=pydantic_data_converter
+    )
+
+
+async def run_worker(settings: Settings | None = None) -> None:
+    settings = settings or get_settings()
+    client = await connect(settings)
+    async with AsyncExitStack() as stack:
+        worker = await build_worker(client, settings, stack)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with worker:
+            log.info("worker on task queue %s", settings.task_queue)
+            print(f"MARK worker_ready queue={settings.task_queue}", flush=True)
+            await stop.wait()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(run_worker())

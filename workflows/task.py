@@ -1,0 +1,271 @@
+"""TaskWorkflow: the decision loop of design.md §4. Deterministic code only.
+
+    open_task → loop: fold new ledger events → rules.decide → fenced INTENT → act
+
+The ledger, not this workflow's memory, is the business state: every iteration decides on
+``fold(ledger events with seq <= watermark)`` and records that watermark in its INTENT. Dispatch starts an
+executor activity and does not await it, so a fan-out is many iterations, one INTENT each, running in
+parallel. Waits are durable (Temporal timers and conditions): a waiting task holds no worker slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
+    # passing them through keeps pydantic's model classes identical inside and outside the sandbox.
+    from activities.ledger import NON_RETRYABLE, AppendInput, MarkInput, OpenTaskInput, ReadInput
+    from activities.models import GateInput, LlmDecideInput, StageInput
+    from rules.actions import (
+        Action,
+        Dispatch,
+        Escalate,
+        HumanDecisionType,
+        HumanRequest,
+        RequestKind,
+        Rollback,
+        StaticGate,
+        SuspendForHuman,
+        Wait,
+    )
+    from rules.envelope import NewEvent, StoredEvent
+    from rules.events import (
+        Escalation,
+        Failure,
+        FailureKind,
+        Intent,
+        MarkerKind,
+        RollbackDone,
+        SystemMarker,
+        to_new,
+    )
+    from rules.llm import ALLOWED_LLM_ACTIONS, check_llm_action
+    from rules.plan import Plan
+    from rules.projection import Projection, apply, fold, summary
+    from rules.table import decide
+
+LEDGER_TIMEOUT = timedelta(seconds=30)
+LEDGER_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=5),
+    non_retryable_error_types=NON_RETRYABLE,
+)
+STAGE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+    non_retryable_error_types=["VendorConflict", "VendorRejected", "StaleEpoch", "ArtifactHashMismatch"],
+)
+
+
+class TaskInput(BaseModel):
+    task_id: str
+    plan: Plan
+
+
+class TaskResult(BaseModel):
+    task_id: str
+    state: str
+    summary: dict[str, Any]
+
+
+def workflow_id(task_id: str) -> str:
+    """One workflow per task: its id is derived from the task id (never random)."""
+    return f"ledgerflow-task-{task_id}"
+
+
+@workflow.defn(name="TaskWorkflow")
+class TaskWorkflow:
+    def __init__(self) -> None:
+        self._p: Projection | None = None
+        self._epoch = 0
+        self._task_id = ""
+        self._woken = False
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, Any]:
+        if self._p is None:
+            return {"task_id": self._task_id, "state": "Opening"}
+        return summary(self._p)
+
+    @workflow.run
+    async def run(self, inp: TaskInput) -> TaskResult:
+        self._task_id = inp.task_id
+        opened = await self._ledger(
+            "ledger.open_task", OpenTaskInput(task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id)
+        )
+        self._epoch = int(opened["epoch"])
+        self._p = p = fold(StoredEvent.model_validate(e) for e in opened["events"])
+        while not p.terminal:
+            now = workflow.now()
+            decided = decide(p, now)
+            if decided is None:
+                decided = await self._ask_llm(p)
+            rule, action = decided
+            if isinstance(action, Wait):
+                await self._wait(p, action)
+                continue
+            await self._record(p, rule, action)
+            self._act(p, action)
+        for task in self._running.values():
+            task.cancel()  # a terminal task stops its in-flight work (R1/R2/R4)
+        return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
+
+    # ── recording ────────────────────────────────────────────────────────────────────────────────────
+    async def _record(self, p: Projection, rule: str, action: Action) -> None:
+        """Write the INTENT (and, for event-only actions, its effect) in one fenced transaction."""
+        reservation = action.estimate if isinstance(action, Dispatch) else 0
+        intent = Intent(
+            action=action, rule=rule, watermark=p.watermark, decided_at=workflow.now(), reservation=reservation
+        )
+        key = f"{p.task_id}:intent:{p.watermark}:{p.intents + 1}"
+        op_key = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
+        events: list[NewEvent] = [to_new(intent, dedup_key=key, operation_key=op_key)]
+        match action:
+            case Rollback():
+                effect = RollbackDone(
+                    target=action.target,
+                    invalidated=action.invalidated,
+                    flagged=action.flagged,
+                    round=action.round,
+                    reason=action.reason,
+                )
+                events.append(to_new(effect, dedup_key=f"{key}:rollback"))
+            case Escalate():
+                esc = Escalation(
+                    reason=action.reason,
+                    terminal=action.terminal,
+                    request_id=action.request.id if action.request else None,
+                    resolves=action.resolves,
+                )
+                events.append(to_new(esc, dedup_key=f"{key}:escalation"))
+        new = await self._ledger(
+            "ledger.append", AppendInput(task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark)
+        )
+        self._apply(p, new)
+
+    def _apply(self, p: Projection, raw: list[dict[str, Any]]) -> None:
+        for e in raw:
+            apply(p, StoredEvent.model_validate(e))
+
+    async def _ledger(self, name: str, arg: BaseModel) -> Any:
+        try:
+            return await workflow.execute_local_activity(
+                name, arg, start_to_close_timeout=LEDGER_TIMEOUT, retry_policy=LEDGER_RETRY
+            )
+        except ActivityError as e:
+            cause = e.cause
+            if isinstance(cause, ApplicationError) and cause.type == "StaleEpoch":
+                # Another run took this task over: this run must stop acting at once.
+                raise ApplicationError(f"run fenced off: {cause.message}", type="StaleEpoch", non_retryable=True) from e
+            raise
+
+    async def _mark(self, p: Projection, event: NewEvent) -> None:
+        new = await self._ledger("ledger.mark", MarkInput(task_id=p.task_id, event=event, after=p.watermark))
+        self._apply(p, new)
+
+    # ── acting ───────────────────────────────────────────────────────────────────────────────────────
+    def _act(self, p: Projection, action: Action) -> None:
+        if isinstance(action, Dispatch):
+            stage = p.graph.nodes[action.node].stage
+            item = p.graph.nodes[action.node].item
+            inp = StageInput(
+                task_id=p.task_id,
+                node=action.node,
+                operation_key=action.operation_key,
+                attempt=action.attempt,
+                epoch=self._epoch,
+                executor=action.executor,
+                estimate=action.estimate,
+                input={**stage.input, **({"item": item} if item else {})},
+            )
+            activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")
+            self._start(action.operation_key, action.node, activity, inp)
+        elif isinstance(action, StaticGate):
+            gate = GateInput(
+                task_id=p.task_id, node=action.node, operation_key=action.operation_key, input_version=action.input_version
+            )
+            self._start(action.operation_key, action.node, "gate.run", gate)
+
+    def _start(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
+        self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg))
+
+    async def _execute(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
+        """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
+        try:
+            await workflow.execute_activity(
+                activity,
+                arg,
+                start_to_close_timeout=timedelta(hours=2),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=STAGE_RETRY,
+            )
+        except ActivityError as e:
+            # The executor gave up without writing its own result: record a technical failure so the rules
+            # can retry or ask a person. Idempotent: if the executor did write a result, that one wins.
+            assert self._p is not None
+            failure = Failure(node=node, operation_key=op_key, kind=FailureKind.TECHNICAL, error=_error_text(e))
+            await self._mark(self._p, to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key))
+        finally:
+            self._running.pop(op_key, None)
+            self._woken = True
+
+    # ── waiting ──────────────────────────────────────────────────────────────────────────────────────
+    async def _wait(self, p: Projection, action: Wait) -> None:
+        timeout = None
+        if action.until is not None:
+            timeout = max(timedelta(0), action.until - workflow.now())
+        try:
+            await workflow.wait_condition(lambda: self._woken, timeout=timeout)
+        except TimeoutError:
+            pass
+        self._woken = False
+        now = workflow.now()
+        for rid, r in list(p.requests.items()):
+            if r.open and r.request.deadline is not None and r.request.deadline <= now:
+                # The timer only marks the timeout; the rules apply the policy. The same resolution key as
+                # a human decision, so exactly one resolution of a request can exist.
+                marker = SystemMarker(kind=MarkerKind.TIMEOUT, request_id=rid, node=r.request.node)
+                await self._mark(p, to_new(marker, dedup_key=f"{p.task_id}:resolution:{rid}"))
+        new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+        self._apply(p, new)
+
+    # ── the LLM, only where the rules are silent ─────────────────────────────────────────────────────
+    async def _ask_llm(self, p: Projection) -> tuple[str, Action]:
+        proposed = await workflow.execute_activity(
+            "llm.decide",
+            LlmDecideInput(task_id=p.task_id, watermark=p.watermark, summary=summary(p), allowed=ALLOWED_LLM_ACTIONS),
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+        )
+        new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+        self._apply(p, new)  # the Decision event (and its inference cost) is now in the projection
+        problem, action = check_llm_action(p, proposed)
+        if action is not None:
+            return "LLM", action
+        request = HumanRequest(
+            id=f"invalid_decision:{p.watermark}",
+            kind=RequestKind.INVALID_DECISION,
+            reason=f"no rule matched and the model's proposal was refused: {problem}",
+            options=(HumanDecisionType.RESUME, HumanDecisionType.ABORT),
+            deadline=None,
+        )
+        return "LLM", SuspendForHuman(request=request)
+
+
+
+def _error_text(e: ActivityError) -> str:
+    cause = e.cause
+    while cause is not None and cause.cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    return (str(cause) if cause is not None else str(e))[:2000]
