@@ -31,13 +31,17 @@ from workflows.task import TaskWorkflow
 log = logging.getLogger("ledgerflow.worker")
 
 
-async def build_worker(client: Client, settings: Settings, stack: AsyncExitStack, *, task_queue: str | None = None) -> Worker:
+async def build_worker(
+    client: Client, settings: Settings, stack: AsyncExitStack, *, task_queue: str | None = None
+) -> Worker:
     """Wire the activities to their dependencies and return an (unstarted) worker."""
     recorder = Recorder(settings.resolved_database_url())
     recorder.create_schema()
     stack.callback(recorder.dispose)
     http = await stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
-    vendor = HttpJobVendor(settings.resolved_vendor_url(), settings.vendor_api_key.get_secret_value(), client=http)
+    vendor = HttpJobVendor(
+        settings.resolved_vendor_url(), settings.vendor_api_key.get_secret_value(), client=http
+    )
     store = LocalArtifactStore(settings.artifact_dir)
     chat = ChatClient(
         http,
@@ -69,12 +73,25 @@ async def build_worker(client: Client, settings: Settings, stack: AsyncExitStack
         ],
         activity_executor=executor,
         max_concurrent_activities=64,
+        **_runner_override(),
     )
+
+
+def _runner_override() -> dict[str, object]:
+    import os
+
+    if os.environ.get("LF_UNSANDBOXED"):
+        from temporalio.worker import UnsandboxedWorkflowRunner
+
+        return {"workflow_runner": UnsandboxedWorkflowRunner()}
+    return {}
 
 
 async def connect(settings: Settings) -> Client:
     return await Client.connect(
-        settings.resolved_temporal_address(), namespace=settings.namespace, data_converter=pydantic_data_converter
+        settings.resolved_temporal_address(),
+        namespace=settings.namespace,
+        data_converter=pydantic_data_converter,
     )
 
 

@@ -25,7 +25,9 @@ class LocalArtifactStore:
         """Store ``data`` atomically under its hash and return its URI."""
         digest = hashlib.sha256(data).hexdigest()
         if digest != expected_sha256:
-            raise ArtifactCorrupt(f"artifact hash {digest[:12]}… does not match the vendor's {expected_sha256[:12]}…")
+            raise ArtifactCorrupt(
+                f"artifact hash {digest[:12]}… does not match the vendor's {expected_sha256[:12]}…"
+            )
         final = self.root / digest[:2] / digest
         if final.exists():
             return final.resolve().as_uri()

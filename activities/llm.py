@@ -19,8 +19,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import LlmDecideInput
 from ledger.recorder import Recorder
-from rules.llm import parse_proposal
 from rules.events import Decision, to_new
+from rules.llm import parse_proposal
 
 MAX_OUTPUT_CHARS = 20000
 
@@ -36,7 +36,9 @@ class ChatReply:
 
 
 class ChatClient:
-    def __init__(self, client: httpx.AsyncClient, base_url: str, api_key: str, model: str, price_per_1k: Decimal):
+    def __init__(
+        self, client: httpx.AsyncClient, base_url: str, api_key: str, model: str, price_per_1k: Decimal
+    ):
         self._client = client
         self._base = base_url.rstrip("/")
         self._key = api_key
@@ -53,21 +55,27 @@ class ChatClient:
         prompt_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         try:
             r = await self._client.post(
-                f"{self._base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {self._key}"}
+                f"{self._base}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {self._key}"},
             )
         except httpx.HTTPError as e:
             raise ApplicationError(f"LLM unreachable: {type(e).__name__}", type="LlmUnavailable") from None
         if r.status_code >= 500 or r.status_code == 429:
             raise ApplicationError(f"LLM answered {r.status_code}", type="LlmUnavailable")
         if r.status_code >= 400:
-            raise ApplicationError(f"LLM refused the request ({r.status_code})", type="LlmRejected", non_retryable=True)
+            raise ApplicationError(
+                f"LLM refused the request ({r.status_code})", type="LlmRejected", non_retryable=True
+            )
         data = r.json()
         usage = data.get("usage") or {}
         tokens_in = int(usage.get("prompt_tokens") or 0)
         tokens_out = int(usage.get("completion_tokens") or 0)
         content = str(data["choices"][0]["message"].get("content") or "")[:MAX_OUTPUT_CHARS]
         cost = (Decimal(tokens_in + tokens_out) * self._price / 1000).quantize(Decimal("0.000001"))
-        return ChatReply(content, tokens_in, tokens_out, cost, prompt_hash, str(data.get("model") or self.model))
+        return ChatReply(
+            content, tokens_in, tokens_out, cost, prompt_hash, str(data.get("model") or self.model)
+        )
 
 
 def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -18,6 +18,7 @@ from activities.artifacts import LocalArtifactStore
 from activities.llm import ChatClient, parse_json_object
 from activities.models import GateInput, StageInput
 from ledger.recorder import Recorder
+from rules.envelope import StoredEvent
 from rules.events import ArtifactRef, ExecutionResult, Outcome, Verdict, to_new
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import NodeStatus, Projection, fold
@@ -47,7 +48,9 @@ def technical_checks(p: Projection) -> list[CheckResult]:
             continue
         view = p.nodes[node_id]
         if view.status != NodeStatus.SUCCEEDED or not _artifact_ok(view.artifact):
-            out.append(CheckResult("technical.artifact", Severity.REWORK, f"{node_id} artifact missing", (node_id,)))
+            out.append(
+                CheckResult("technical.artifact", Severity.REWORK, f"{node_id} artifact missing", (node_id,))
+            )
     return out
 
 
@@ -58,7 +61,9 @@ def compliance_checks(p: Projection, nodes: list[str]) -> list[CheckResult]:
         text = json.dumps(p.graph.nodes[node_id].stage.input).lower()
         for term in BANNED_TERMS:
             if term in text:
-                out.append(CheckResult("compliance.terms", Severity.BLOCK, f"{node_id} uses {term!r}", (node_id,)))
+                out.append(
+                    CheckResult("compliance.terms", Severity.BLOCK, f"{node_id} uses {term!r}", (node_id,))
+                )
     return out
 
 
@@ -68,11 +73,16 @@ class ReviewActivities:
         self.store = store
         self.chat = chat
 
+    async def _record(self, task_id: str, key: str, event: Outcome | ExecutionResult) -> StoredEvent:
+        new = to_new(event, dedup_key=f"{key}:result", operation_key=key)
+        stored, _inserted = await asyncio.to_thread(self.recorder.append_idempotent, task_id, new)
+        return stored
+
     async def _projection(self, task_id: str) -> Projection:
         return fold(await asyncio.to_thread(self.recorder.read_events, task_id))
 
     @activity.defn(name="compose.run")
-    async def compose(self, inp: StageInput) -> str:
+    async def compose(self, inp: StageInput) -> StoredEvent:
         """Assemble the business outputs into one manifest artifact (versioned by its content)."""
         p = await self._projection(inp.task_id)
         manifest = {
@@ -80,7 +90,9 @@ class ReviewActivities:
             for n, v in p.nodes.items()
             if v.artifact and n not in (COMPOSE, REVIEW)
         }
-        data = json.dumps({"task": inp.task_id, "goal": p.plan.goal, "parts": manifest}, sort_keys=True).encode()
+        data = json.dumps(
+            {"task": inp.task_id, "goal": p.plan.goal, "parts": manifest}, sort_keys=True
+        ).encode()
         digest = hashlib.sha256(data).hexdigest()
         uri = await asyncio.to_thread(self.store.put, data, digest)
         event = Outcome(
@@ -89,18 +101,15 @@ class ReviewActivities:
             artifact=ArtifactRef(uri=uri, sha256=digest, size=len(data)),
             actual_cost=0,
         )
-        key = inp.operation_key
-        await asyncio.to_thread(
-            self.recorder.append_idempotent, inp.task_id, to_new(event, dedup_key=f"{key}:result", operation_key=key)
-        )
-        return "Outcome"
+        return await self._record(inp.task_id, inp.operation_key, event)
 
     @activity.defn(name="review.run")
-    async def review(self, inp: StageInput) -> str:
+    async def review(self, inp: StageInput) -> StoredEvent:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
         key = inp.operation_key
-        if await asyncio.to_thread(self.recorder.find_by_dedup_key, f"{key}:result") is not None:
-            return "ExecutionResult"
+        existing = await asyncio.to_thread(self.recorder.find_by_dedup_key, f"{key}:result")
+        if existing is not None:
+            return existing  # a retry after the verdict was recorded: never pay for the judgement twice
         p = await self._projection(inp.task_id)
         business = [n for n, s in p.graph.nodes.items() if s.stage.id not in (COMPOSE, REVIEW)]
         results = compliance_checks(p, business) + technical_checks(p)
@@ -128,13 +137,10 @@ class ReviewActivities:
             scores=scores,
             actual_cost=cost,
         )
-        await asyncio.to_thread(
-            self.recorder.append_idempotent, inp.task_id, to_new(event, dedup_key=f"{key}:result", operation_key=key)
-        )
-        return "ExecutionResult"
+        return await self._record(inp.task_id, key, event)
 
     @activity.defn(name="gate.run")
-    async def gate(self, inp: GateInput) -> str:
+    async def gate(self, inp: GateInput) -> StoredEvent:
         """The static compliance gate of a high-cost node, anchored to its input version."""
         p = await self._projection(inp.task_id)
         deps = list(p.graph.nodes[inp.node].deps)
@@ -152,11 +158,7 @@ class ReviewActivities:
             input_version=inp.input_version,
             findings=tuple(f"{r.check}: {r.message}" for r in results),
         )
-        key = inp.operation_key
-        await asyncio.to_thread(
-            self.recorder.append_idempotent, inp.task_id, to_new(event, dedup_key=f"{key}:result", operation_key=key)
-        )
-        return "ExecutionResult"
+        return await self._record(inp.task_id, inp.operation_key, event)
 
 
 def _scores(judgement: dict[str, object]) -> dict[str, float]:

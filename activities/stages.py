@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 from activities.artifacts import ArtifactCorrupt, LocalArtifactStore
 from activities.models import StageInput
 from ledger.recorder import Recorder
-from rules.envelope import NewEvent
+from rules.envelope import NewEvent, StoredEvent
 from rules.events import ArtifactRef, Failure, FailureKind, Outcome, Progress, to_new
 from vendors.errors import (
     ArtifactHashMismatch,
@@ -30,22 +30,25 @@ from vendors.http import HttpJobVendor, JobStatus, VendorJob
 
 
 class StageActivities:
-    def __init__(self, recorder: Recorder, vendor: HttpJobVendor, store: LocalArtifactStore, poll_interval: float):
+    def __init__(
+        self, recorder: Recorder, vendor: HttpJobVendor, store: LocalArtifactStore, poll_interval: float
+    ):
         self.recorder = recorder
         self.vendor = vendor
         self.store = store
         self.poll_interval = poll_interval
 
-    async def _write(self, task_id: str, event: NewEvent) -> None:
-        await asyncio.to_thread(self.recorder.append_idempotent, task_id, event)
+    async def _write(self, task_id: str, event: NewEvent) -> StoredEvent:
+        stored, _inserted = await asyncio.to_thread(self.recorder.append_idempotent, task_id, event)
+        return stored
 
     @activity.defn(name="stage.run")
-    async def run(self, inp: StageInput) -> str:
+    async def run(self, inp: StageInput) -> StoredEvent:
+        """Run the attempt; returns the recorded result event (the ledger's copy, for the loop to fold)."""
         key = inp.operation_key
-        settled = await asyncio.to_thread(self.recorder.find_by_dedup_key, f"{key}:result")
+        epoch, settled = await asyncio.to_thread(self.recorder.preflight, inp.task_id, f"{key}:result")
         if settled is not None:
-            return settled.type  # a retry after the result was written: nothing left to do
-        epoch = await asyncio.to_thread(self.recorder.current_epoch, inp.task_id)
+            return settled  # a retry after the result was written: nothing left to do
         if epoch != inp.epoch:
             # A zombie attempt of a run that lost the task must never start new vendor work.
             raise ApplicationError(
@@ -67,7 +70,9 @@ class StageActivities:
         except VendorConflict as e:
             raise ApplicationError(f"vendor conflict: {e}", type="VendorConflict", non_retryable=True) from e
         except VendorRejected as e:
-            raise ApplicationError(f"vendor rejected the request: {e}", type="VendorRejected", non_retryable=True) from e
+            raise ApplicationError(
+                f"vendor rejected the request: {e}", type="VendorRejected", non_retryable=True
+            ) from e
 
     async def _submit_or_resume(self, inp: StageInput) -> VendorJob:
         details = activity.info().heartbeat_details
@@ -81,11 +86,12 @@ class StageActivities:
         if job.status == JobStatus.RUNNING:
             progress = Progress(node=inp.node, operation_key=inp.operation_key, job_id=job.id)
             await self._write(
-                inp.task_id, to_new(progress, dedup_key=f"{inp.operation_key}:progress", operation_key=inp.operation_key)
+                inp.task_id,
+                to_new(progress, dedup_key=f"{inp.operation_key}:progress", operation_key=inp.operation_key),
             )
         return job
 
-    async def _settle(self, inp: StageInput, job: VendorJob) -> str:
+    async def _settle(self, inp: StageInput, job: VendorJob) -> StoredEvent:
         key = inp.operation_key
         event: Outcome | Failure
         if job.status == JobStatus.SUCCEEDED:
@@ -95,19 +101,24 @@ class StageActivities:
                 uri = await asyncio.to_thread(self.store.put, data, job.result.sha256)
             except (ArtifactHashMismatch, ArtifactCorrupt) as e:
                 event = Failure(
-                    node=inp.node, operation_key=key, kind=FailureKind.INVALID_OUTPUT, error=str(e), actual_cost=job.cost
+                    node=inp.node,
+                    operation_key=key,
+                    kind=FailureKind.INVALID_OUTPUT,
+                    error=str(e),
+                    actual_cost=job.cost,
                 )
             else:
                 artifact = ArtifactRef(uri=uri, sha256=job.result.sha256, size=len(data))
-                event = Outcome(node=inp.node, operation_key=key, job_id=job.id, artifact=artifact, actual_cost=job.cost)
+                event = Outcome(
+                    node=inp.node, operation_key=key, job_id=job.id, artifact=artifact, actual_cost=job.cost
+                )
         else:
             kind = FailureKind.TECHNICAL
             if job.error is not None and job.error.kind == "content_rejected":
                 kind = FailureKind.CONTENT
             message = job.error.message if job.error is not None else f"job {job.id} ended {job.status}"
             event = Failure(node=inp.node, operation_key=key, kind=kind, error=message, actual_cost=job.cost)
-        await self._write(inp.task_id, to_new(event, dedup_key=f"{key}:result", operation_key=key))
-        return event.type
+        return await self._write(inp.task_id, to_new(event, dedup_key=f"{key}:result", operation_key=key))
 
 
 def _delay(seconds: float) -> timedelta:

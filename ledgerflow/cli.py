@@ -25,12 +25,22 @@ from ledgerflow.config import ConfigError, get_settings
 from ledgerflow.stack import StackError
 from rules.plan import PlanError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Trustworthy orchestration of paid pipelines.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Trustworthy orchestration of paid pipelines."
+)
 out = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
-USER_ERRORS = (PlanError, ConfigError, StackError, LedgerError, lf.ClientError, FileNotFoundError, IsADirectoryError)
+USER_ERRORS = (
+    PlanError,
+    ConfigError,
+    StackError,
+    LedgerError,
+    lf.ClientError,
+    FileNotFoundError,
+    IsADirectoryError,
+)
 
 
 def friendly(fn: F) -> F:
@@ -63,7 +73,9 @@ def _read(path: Path) -> str:
 
 @app.command()
 @friendly
-def up(no_worker: Annotated[bool, typer.Option("--no-worker", help="start the servers only")] = False) -> None:
+def up(
+    no_worker: Annotated[bool, typer.Option("--no-worker", help="start the servers only")] = False,
+) -> None:
     """Start the embedded stack (Temporal dev server + UI, Postgres, vendor simulator, a worker)."""
     from ledgerflow import stack
 
@@ -100,7 +112,9 @@ def worker() -> None:
 @friendly
 def submit(
     plan: Annotated[Path, typer.Argument(help="plan file (YAML)")],
-    task_id: Annotated[str | None, typer.Option("--task-id", help="task id (default: plan's, else random)")] = None,
+    task_id: Annotated[
+        str | None, typer.Option("--task-id", help="task id (default: plan's, else random)")
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait for the task to finish")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:

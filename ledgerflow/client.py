@@ -30,7 +30,9 @@ def parse_plan(text: str, task_id: str | None = None) -> Plan:
 async def connect(settings: Settings) -> Client:
     address = settings.resolved_temporal_address()
     try:
-        return await Client.connect(address, namespace=settings.namespace, data_converter=pydantic_data_converter)
+        return await Client.connect(
+            address, namespace=settings.namespace, data_converter=pydantic_data_converter
+        )
     except RuntimeError as e:
         raise ClientError(f"cannot reach Temporal at {address} ({str(e).splitlines()[0][:120]})") from None
 
@@ -61,7 +63,9 @@ async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = F
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         )
     except WorkflowAlreadyStartedError:
-        raise ClientError(f"task {task_id!r} was already submitted (workflow {workflow_id(task_id)})") from None
+        raise ClientError(
+            f"task {task_id!r} was already submitted (workflow {workflow_id(task_id)})"
+        ) from None
     except RPCError as e:
         raise ClientError(f"Temporal refused to start task {task_id!r}: {e.message}") from None
     if not wait:

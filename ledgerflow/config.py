@@ -51,14 +51,16 @@ class Settings(BaseSettings):
         url = self.database_url or self.stack().get("database_url")
         if not url:
             raise ConfigError(
-                "no ledger database: set LEDGERFLOW_DATABASE_URL or start the embedded stack with `ledgerflow up`"
+                "no ledger database: set LEDGERFLOW_DATABASE_URL or run `ledgerflow up` (the embedded stack)"
             )
         return str(url)
 
     def resolved_vendor_url(self) -> str:
         url = self.vendor_url or self.stack().get("vendor_url")
         if not url:
-            raise ConfigError("no vendor: set LEDGERFLOW_VENDOR_URL or start the embedded stack with `ledgerflow up`")
+            raise ConfigError(
+                "no vendor: set LEDGERFLOW_VENDOR_URL or start the embedded stack with `ledgerflow up`"
+            )
         return str(url)
 
     def resolved_llm_url(self) -> str:

@@ -42,4 +42,6 @@ def load_routes() -> Routes:
     if not path:
         return DEFAULT_ROUTES
     data = yaml.safe_load(Path(path).read_text()) or {}
-    return Routes(executors=frozenset(data.get("executors", [])), reviewers=frozenset(data.get("reviewers", [])))
+    return Routes(
+        executors=frozenset(data.get("executors", [])), reviewers=frozenset(data.get("reviewers", []))
+    )

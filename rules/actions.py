@@ -63,7 +63,7 @@ class Dispatch(_Action):
 
 
 class Rollback(_Action):
-    """Invalidate the flagged nodes' lineage and restart from the most upstream common ancestor."""
+    """Invalidate the flagged nodes' lineage and restart from their nearest covering ancestor (dag.py)."""
 
     kind: Literal["Rollback"] = "Rollback"
     target: str
@@ -114,5 +114,6 @@ class Wait(_Action):
 
 
 Action = Annotated[
-    Dispatch | Rollback | SuspendForHuman | Escalate | StaticGate | Complete | Wait, Field(discriminator="kind")
+    Dispatch | Rollback | SuspendForHuman | Escalate | StaticGate | Complete | Wait,
+    Field(discriminator="kind"),
 ]

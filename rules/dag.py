@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
 from rules.plan import Plan, Stage
 
 
@@ -107,7 +108,9 @@ def build_graph(plan: Plan) -> Graph:
     for spec in nodes.values():
         for d in spec.deps:
             dependents[d].append(spec.id)
-    return Graph(nodes=nodes, dependents={k: tuple(v) for k, v in dependents.items()}, stage_nodes=stage_nodes)
+    return Graph(
+        nodes=nodes, dependents={k: tuple(v) for k, v in dependents.items()}, stage_nodes=stage_nodes
+    )
 
 
 def _depth(stage_id: str, by_id: dict[str, Stage], memo: dict[str, int]) -> int:

@@ -8,14 +8,23 @@ ready node and pass the same cost admission as the rule path. Anything else beco
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rules.actions import Action, Dispatch, Escalate, HumanDecisionType, HumanRequest, RequestKind, SuspendForHuman
+from rules.actions import (
+    Action,
+    Dispatch,
+    Escalate,
+    HumanDecisionType,
+    HumanRequest,
+    RequestKind,
+    SuspendForHuman,
+)
 from rules.admission import admits
 from rules.projection import Projection
-from rules.table import operation_key, ready_nodes
+from rules.table import advance, ready_nodes
 
 ALLOWED_LLM_ACTIONS: Final = ["dispatch", "escalate", "ask_human"]
 
@@ -42,7 +51,7 @@ def parse_proposal(raw: Any) -> tuple[Proposal | None, str | None]:
     return proposal, None
 
 
-def check_llm_action(p: Projection, raw: Any) -> tuple[str | None, Action | None]:
+def check_llm_action(p: Projection, raw: Any, now: datetime) -> tuple[str | None, Action | None]:
     """Turn a proposal into an action the loop may take, or say why not."""
     if raw is None:
         return "the model gave no usable output", None
@@ -74,12 +83,8 @@ def check_llm_action(p: Projection, raw: Any) -> tuple[str | None, Action | None
     stage = p.graph.nodes[node.id].stage
     if not admits(p, stage.estimate):
         return f"dispatch of {node.id} refused by cost admission (estimate {stage.estimate})", None
-    attempt = node.attempts + 1
-    return None, Dispatch(
-        node=node.id,
-        attempt=attempt,
-        operation_key=operation_key(p.task_id, node.id, attempt),
-        executor=stage.executor,
-        estimate=stage.estimate,
-        reason=f"model: {proposal.reason[:200]}",
-    )
+    # The same path as R11: a gated node gets its static gate first; nothing the model says skips it.
+    action = advance(p, node, now)
+    if isinstance(action, Dispatch):
+        action = action.model_copy(update={"reason": f"model: {proposal.reason[:200]}"})
+    return None, action

@@ -14,9 +14,17 @@ from enum import StrEnum
 from typing import Annotated, Any, Final
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
 
-ID_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
+ID_PATTERN: Final = r"[A-Za-z0-9_.-]{1,64}"  # matched with fullmatch: "$" would accept a trailing newline
 _ID_RE: Final = re.compile(ID_PATTERN)
 MAX_AMOUNT: Final = Decimal("1000000000")  # one billion: anything larger is a typo or an attack
 MAX_FAN_OUT: Final = 500
@@ -79,7 +87,7 @@ def parse_duration(value: Any) -> float:
 
 
 def _check_id(value: Any) -> str:
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         shown = str(value)[:40]
         raise ValueError(f"{shown!r} is not a valid id (1-64 characters of A-Z a-z 0-9 _ . -)")
     return value
@@ -133,7 +141,7 @@ class Stage(_Strict):
     estimate: Amount = Decimal(0)
     depends_on: tuple[Ident, ...] = ()
     retries: int = Field(default=2, ge=0, le=20)
-    fan_out: int | tuple[Ident, ...] | None = None
+    fan_out: StrictInt | tuple[Ident, ...] | None = None
     gate: bool = False
     approval: bool = False
     reviewer: Ident | None = None
@@ -190,7 +198,9 @@ class Plan(_Strict):
         depended = {d for s in self.stages for d in s.depends_on}
         sinks = tuple(s.id for s in self.stages if s.id not in depended and s.id in business_ids)
         compose = Stage(id=COMPOSE, executor=COMPOSE, depends_on=sinks, retries=2)
-        review = Stage(id=REVIEW, executor=REVIEW, depends_on=(COMPOSE,), estimate=self.review.estimate, retries=2)
+        review = Stage(
+            id=REVIEW, executor=REVIEW, depends_on=(COMPOSE,), estimate=self.review.estimate, retries=2
+        )
         return (*self.stages, compose, review)
 
 
@@ -220,6 +230,7 @@ def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = 
         raise PlanError(_describe(e, raw)) from None
     _check_graph(plan)
     _check_routes(plan, routes)
+    _check_budget(plan)
     return plan
 
 
@@ -241,7 +252,7 @@ def _describe(error: ValidationError, raw: dict[str, Any]) -> str:
     if len(loc) >= 2 and loc[0] == "stages" and isinstance(loc[1], int):
         stages = raw.get("stages") or []
         sid = stages[loc[1]].get("id") if loc[1] < len(stages) and isinstance(stages[loc[1]], dict) else None
-        where = f"stage {sid!r}" if isinstance(sid, str) and _ID_RE.match(sid) else f"stage #{loc[1] + 1}"
+        where = f"stage {sid!r}" if isinstance(sid, str) and _ID_RE.fullmatch(sid) else f"stage #{loc[1] + 1}"
         loc = loc[2:]
     field = ".".join(str(p) for p in loc if not isinstance(p, int) and p not in ("function-before",))
     msg = str(first["msg"]).removeprefix("Value error, ")
@@ -249,7 +260,7 @@ def _describe(error: ValidationError, raw: dict[str, Any]) -> str:
         msg = "is required"
     elif first["type"] == "extra_forbidden":
         msg = "is not a known field"
-    return f"{where}: {field} {msg}".replace(": ", ": ", 1) if field else f"{where}: {msg}"
+    return f"{where}: {field} {msg}" if field else f"{where}: {msg}"
 
 
 def _check_graph(plan: Plan) -> None:
@@ -293,6 +304,20 @@ def find_cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:
         if color[node] == white and (found := visit(node)):
             return found
     return None
+
+
+def estimated_total(plan: Plan) -> Decimal:
+    """The sum of every node's estimate (fan-out multiplies), framework stages included."""
+    return sum((s.estimate * max(1, len(s.items())) for s in plan.all_stages()), Decimal(0))
+
+
+def _check_budget(plan: Plan) -> None:
+    total = estimated_total(plan)
+    if plan.budget_ceiling < total:
+        raise PlanError(
+            f"plan: budget_ceiling {plan.budget_ceiling} is below the plan's estimated total {total}: "
+            "the task could never finish"
+        )
 
 
 def _check_routes(plan: Plan, routes: Routes) -> None:

@@ -86,6 +86,7 @@ class NodeView:
     id: str
     status: NodeStatus = NodeStatus.PENDING
     attempts: int = 0  # business attempts dispatched so far (each has its own OperationKey)
+    round_base: int = 0  # attempts made before the current rework round: retries are counted per round
     extra_attempts: int = 0  # granted by a person (Resume on a dead letter)
     operation_key: str | None = None  # the current attempt's key
     job_id: str | None = None
@@ -116,6 +117,7 @@ class RequestView:
     decided_by: str | None = None
     timed_out: bool = False
     applied: bool = False  # the timeout policy's consequence has been recorded
+    resolves: str | None = None  # for an escalation: the timed-out request it stands in for
 
     @property
     def open(self) -> bool:
@@ -185,9 +187,14 @@ class Projection:
         return [n for n in self.nodes.values() if n.in_flight]
 
     def max_attempts(self, node: str) -> int:
+        """Attempts a node may make in the current rework round."""
         spec = self.graph.nodes[node]
         bonus = 2 if spec.stage.value == Value.HERO else 0
         return spec.stage.retries + 1 + bonus + self.nodes[node].extra_attempts
+
+    def exhausted(self, node: str) -> bool:
+        view = self.nodes[node]
+        return view.attempts - view.round_base >= self.max_attempts(node)
 
 
 def new_projection(created: StoredEvent) -> Projection:
@@ -273,6 +280,7 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                 if view is not None:
                     view.status = NodeStatus.STALE
                     view.approved = False
+                    view.round_base = view.attempts
             if p.review is not None:
                 p.review.handled = True
         case Escalation():
@@ -313,6 +321,7 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
         case Escalate() as esc:
             if esc.request is not None:
                 _open_request(p, esc.request, stored.seq)
+                p.requests[esc.request.id].resolves = esc.resolves
         case Complete():
             p.completed = True
         case Rollback() | Wait():
@@ -367,8 +376,8 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
 
 def _apply_human(p: Projection, e: HumanDecision) -> None:
     r = p.requests.get(e.request_id)
-    if r is None or not r.open:
-        return  # the recording path validates; a late duplicate changes nothing
+    if r is None or not r.open or e.decision not in r.request.options:
+        return  # the recording path validates; a late duplicate or an answer not offered changes nothing
     r.decision = e.decision
     r.decided_by = e.approver
     if e.decision == HumanDecisionType.ABORT:
@@ -391,6 +400,9 @@ def _grant(p: Projection, r: RequestView, decision: HumanDecisionType) -> None:
         node.dead_letter = None
     elif req.kind == RequestKind.ESCALATION:
         p.escalation_reason = None
+        stood_for = p.requests.get(r.resolves) if r.resolves else None
+        if stood_for is not None and stood_for.request.kind == RequestKind.APPROVAL and node is not None:
+            node.approved = True  # resuming a timed-out approval is the approval the timeout did not give
         if node is not None and node.status == NodeStatus.FAILED:
             node.extra_attempts += 1  # resuming a stopped node grants it one more attempt
             node.status = NodeStatus.PENDING

@@ -73,7 +73,9 @@ def _abort_then(p: Projection, now: datetime) -> Action:
 
 # R2 ───────────────────────────────────────────────────────────────────────────────────────────────
 def _compliance_when(p: Projection, now: datetime) -> bool:
-    return p.failed_gate is not None or (p.review is not None and p.review.verdict == Verdict.COMPLIANCE_BLOCK)
+    return p.failed_gate is not None or (
+        p.review is not None and p.review.verdict == Verdict.COMPLIANCE_BLOCK
+    )
 
 
 def _compliance_then(p: Projection, now: datetime) -> Action:
@@ -112,8 +114,14 @@ def _time_then(p: Projection, now: datetime) -> Action:
 
 
 # R5 ───────────────────────────────────────────────────────────────────────────────────────────────
+# Only a question that stops the whole task (an escalation, a refused LLM proposal) stops every branch.
+# An approval or a dead letter blocks just its node's dependents (they are not ready), so independent
+# branches keep running; when nothing else can move, the loop waits on it (see ``decide``).
+_TASK_STOPPING: Final = frozenset({RequestKind.ESCALATION, RequestKind.INVALID_DECISION})
+
+
 def _awaiting_when(p: Projection, now: datetime) -> bool:
-    return any(r.open for r in p.requests.values())
+    return any(r.open and r.request.kind in _TASK_STOPPING for r in p.requests.values())
 
 
 def _awaiting_then(p: Projection, now: datetime) -> Action:
@@ -157,7 +165,7 @@ def _retryable(p: Projection, now: datetime) -> list[NodeView]:
             n.status == NodeStatus.FAILED
             and last is not None
             and last.kind in _RETRYABLE
-            and n.attempts < p.max_attempts(n.id)
+            and not p.exhausted(n.id)
             and n.retry_at is not None
             and now >= n.retry_at
         ):
@@ -173,7 +181,9 @@ def _retry_then(p: Projection, now: datetime) -> Action:
     n = _retryable(p, now)[0]
     last = n.last_failure
     assert last is not None
-    return _dispatch_or_escalate(p, n, f"retry {n.attempts + 1} after {last.kind.value} failure: {last.error[:200]}", now)
+    return _dispatch_or_escalate(
+        p, n, f"retry {n.attempts + 1} after {last.kind.value} failure: {last.error[:200]}", now
+    )
 
 
 # R9 ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -183,14 +193,19 @@ def _needs_person(p: Projection, now: datetime) -> tuple[NodeView, RequestKind, 
         if n.status == NodeStatus.SUCCEEDED and spec.stage.approval and not n.approved:
             rid = f"approval:{n.id}:v{n.versions}"
             if rid not in p.requests:
-                return n, RequestKind.APPROVAL, f"approve {n.id} (version {n.versions}) before its dependents run"
+                return (
+                    n,
+                    RequestKind.APPROVAL,
+                    f"approve {n.id} (version {n.versions}) before its dependents run",
+                )
         last = n.last_failure
         if n.status != NodeStatus.FAILED or last is None or n.dead_letter is not None:
             continue
         if last.kind not in _RETRYABLE:
             return n, RequestKind.DEAD_LETTER, f"{n.id} failed ({last.kind.value}): {last.error[:300]}"
-        if n.attempts >= p.max_attempts(n.id):
-            return n, RequestKind.DEAD_LETTER, f"{n.id} exhausted {n.attempts} attempts: {last.error[:300]}"
+        if p.exhausted(n.id):
+            tries = n.attempts - n.round_base
+            return n, RequestKind.DEAD_LETTER, f"{n.id} exhausted {tries} attempts: {last.error[:300]}"
     return None
 
 
@@ -260,7 +275,11 @@ def ready_nodes(p: Projection) -> list[NodeView]:
             in_flight_by_stage[sid] = in_flight_by_stage.get(sid, 0) + 1
     out = []
     for n in p.nodes.values():
-        if n.status not in (NodeStatus.PENDING, NodeStatus.STALE) or n.in_flight or n.gate_pending is not None:
+        if (
+            n.status not in (NodeStatus.PENDING, NodeStatus.STALE)
+            or n.in_flight
+            or n.gate_pending is not None
+        ):
             continue
         spec = p.graph.nodes[n.id]
         if not all(_dep_done(p, d) for d in spec.deps):
@@ -298,11 +317,17 @@ def _advance_when(p: Projection, now: datetime) -> bool:
 
 
 def _advance_then(p: Projection, now: datetime) -> Action:
-    n = ready_nodes(p)[0]
+    return advance(p, ready_nodes(p)[0], now)
+
+
+def advance(p: Projection, n: NodeView, now: datetime) -> Action:
+    """Start a ready node: its static gate first if due, else admission, then Dispatch or Escalate."""
     if _needs_gate(p, n):
         version = _input_version(p, n.id)
         if version not in n.gates:
-            return StaticGate(node=n.id, input_version=version, operation_key=f"{p.task_id}:{n.id}:gate{version}")
+            return StaticGate(
+                node=n.id, input_version=version, operation_key=f"{p.task_id}:{n.id}:gate{version}"
+            )
     reason = "rework" if n.status == NodeStatus.STALE else "first attempt" if n.attempts == 0 else "redo"
     return _dispatch_or_escalate(p, n, reason, now)
 
@@ -334,7 +359,9 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule("R2", "compliance_block", _compliance_when, _compliance_then, "gate failed or review blocked: fail"),
     Rule("R3", "complete", _complete_when, _complete_then, "review passed on a fresh composition: complete"),
     Rule("R4", "time_ceiling", _time_when, _time_then, "past the time ceiling: fail"),
-    Rule("R5", "awaiting_human", _awaiting_when, _awaiting_then, "an open request: wait for it or its deadline"),
+    Rule(
+        "R5", "awaiting_human", _awaiting_when, _awaiting_then, "an open request: wait for it or its deadline"
+    ),
     Rule("R6", "human_timeout", _timeout_when, _timeout_then, "a request timed out: apply the plan's policy"),
     Rule("R7", "budget_exhausted", _budget_when, _budget_then, "spent reached the ceiling: escalate"),
     Rule("R8", "retry_technical", _retry_when, _retry_then, "technical failure with attempts left: retry"),
@@ -345,15 +372,27 @@ RULES: Final[tuple[Rule, ...]] = (
 
 
 def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
-    """The first matching rule's id and action; Wait when only in-flight work remains; None otherwise."""
+    """The first matching rule's id and action, or Wait, or None (ask the LLM).
+
+    Wait when no rule matches but something will change without the loop acting: work in flight, a gate
+    running, a retry backing off, a person's answer pending. None only when nothing matches and nothing is
+    pending: a genuinely open question. A terminal task has nothing to decide: callers check ``p.terminal``.
+    """
     if p.terminal:
         return None
     for rule in RULES:
         if rule.when(p, now):
             return rule.id, rule.then(p, now)
-    if p.in_flight() or any(n.gate_pending is not None for n in p.nodes.values()):
-        return "wait", Wait(until=next_deadline(p, now))
-    if any(n.retry_at is not None and n.status == NodeStatus.FAILED and n.retry_at > now for n in p.nodes.values()):
+    pending = (
+        p.in_flight()
+        or any(n.gate_pending is not None for n in p.nodes.values())
+        or any(
+            n.status == NodeStatus.FAILED and n.retry_at is not None and n.retry_at > now
+            for n in p.nodes.values()
+        )
+        or any(r.open for r in p.requests.values())
+    )
+    if pending:
         return "wait", Wait(until=next_deadline(p, now))
     return None
 

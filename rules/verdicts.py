@@ -57,7 +57,9 @@ def score_results(scores: dict[str, float], blame: dict[str, tuple[str, ...]]) -
     out = []
     for dim, score in sorted(scores.items()):
         if score < REWORK_BELOW:
-            out.append(CheckResult(f"content.{dim}", Severity.REWORK, f"score {score:.2f}", blame.get(dim, ())))
+            out.append(
+                CheckResult(f"content.{dim}", Severity.REWORK, f"score {score:.2f}", blame.get(dim, ()))
+            )
         elif score < SOFT_BELOW:
             out.append(CheckResult(f"content.{dim}", Severity.SOFT, f"score {score:.2f}"))
     return out

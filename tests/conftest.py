@@ -11,10 +11,12 @@ Postgres instead of starting one.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -40,29 +42,59 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--workflow-environment", default="local", help="'local' or HOST:PORT of a Temporal server")
+    parser.addoption(
+        "--workflow-environment", default="local", help="'local' or HOST:PORT of a Temporal server"
+    )
 
 
 @pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    existing = os.environ.get("LEDGERFLOW_TEST_DATABASE_URL")
-    if existing:
-        yield existing
+def pg_url() -> Iterator[str]:
+    """A database URL: ``LEDGERFLOW_TEST_DATABASE_URL`` if set, else a throwaway embedded server."""
+    external = os.environ.get("LEDGERFLOW_TEST_DATABASE_URL")
+    if external:
+        yield external
         return
-    data_dir = tmp_path_factory.mktemp("pg") / "data"
-    instance = pg.init_and_start(data_dir)
-    try:
-        yield instance.url
-    finally:
-        pg.stop(data_dir)
+    with server_dir() as parent:
+        data_dir = parent / "data"
+        instance = pg.init_and_start(data_dir)
+        try:
+            yield instance.url
+        finally:
+            pg.stop(data_dir)
 
 
 @pytest.fixture(scope="session")
 def recorder(pg_url: str) -> Iterator[Recorder]:
-    rec = Recorder(pg_url)
+    """A recorder on ``pg_url`` with the ledger schema created."""
+    rec = Recorder(pg_url, pool_size=10)
     rec.create_schema()
-    yield rec
-    rec.dispose()
+    try:
+        yield rec
+    finally:
+        rec.dispose()
+
+
+@pytest.fixture
+def pg_scratch_dir() -> Iterator[Path]:
+    """An empty directory for a test's own PostgreSQL data dir, removed afterwards."""
+    with server_dir() as parent:
+        yield parent
+
+
+@contextmanager
+def server_dir() -> Iterator[Path]:
+    """A fresh directory under the system temp dir (not pytest's ``tmp_path``), removed afterwards.
+
+    As root the server runs as another user, which must traverse every parent of its data dir; but each pytest
+    session resets ``/tmp/pytest-of-root`` to 0700 when it starts, so another pytest session on the machine
+    would cut a server under ``tmp_path`` off from its own files mid-run.
+    """
+    path = Path(tempfile.mkdtemp(prefix="ledgerflow-test-pg-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -110,7 +142,9 @@ class Sim:
 
 @pytest.fixture
 async def sim(simulator_url: str) -> AsyncIterator[Sim]:
-    async with httpx.AsyncClient(base_url=simulator_url, headers={"Authorization": f"Bearer {SIM_KEY}"}) as http:
+    async with httpx.AsyncClient(
+        base_url=simulator_url, headers={"Authorization": f"Bearer {SIM_KEY}"}
+    ) as http:
         s = Sim(simulator_url, http)
         await s.configure()  # defaults: zero latency, no failures
         yield s
@@ -152,7 +186,10 @@ async def lf(
     """An in-process worker (real Temporal, real Postgres, simulator over HTTP) on its own task queue."""
     from worker import build_worker
 
+    queue = f"q-{uuid.uuid4().hex[:10]}"
     settings = Settings(
+        temporal_address=temporal.service_client.config.target_host,
+        task_queue=queue,
         database_url=pg_url,
         vendor_url=simulator_url,
         vendor_api_key=SIM_KEY,
@@ -160,7 +197,6 @@ async def lf(
         artifact_dir=tmp_path / "artifacts",
         poll_interval_seconds=0.02,
     )
-    queue = f"q-{uuid.uuid4().hex[:10]}"
     async with AsyncExitStack() as stack:
         worker = await build_worker(temporal, settings, stack, task_queue=queue)
         async with worker:

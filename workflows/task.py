@@ -11,7 +11,8 @@ parallel. Waits are durable (Temporal timers and conditions): a waiting task hol
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import contextlib
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -91,6 +92,8 @@ class TaskWorkflow:
         self._task_id = ""
         self._woken = False
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._ceiling_at = datetime.max.replace(tzinfo=UTC)
+        self._arrived: list[StoredEvent] = []  # result events executors returned, not yet folded
 
     @workflow.query(name="status")
     def status(self) -> dict[str, Any]:
@@ -102,10 +105,13 @@ class TaskWorkflow:
     async def run(self, inp: TaskInput) -> TaskResult:
         self._task_id = inp.task_id
         opened = await self._ledger(
-            "ledger.open_task", OpenTaskInput(task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id)
+            "ledger.open_task",
+            OpenTaskInput(task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id),
         )
         self._epoch = int(opened["epoch"])
         self._p = p = fold(StoredEvent.model_validate(e) for e in opened["events"])
+        self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
+        alarm = asyncio.create_task(self._alarm(self._ceiling_at))
         while not p.terminal:
             now = workflow.now()
             decided = decide(p, now)
@@ -117,6 +123,7 @@ class TaskWorkflow:
                 continue
             await self._record(p, rule, action)
             self._act(p, action)
+        alarm.cancel()
         for task in self._running.values():
             task.cancel()  # a terminal task stops its in-flight work (R1/R2/R4)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
@@ -126,7 +133,11 @@ class TaskWorkflow:
         """Write the INTENT (and, for event-only actions, its effect) in one fenced transaction."""
         reservation = action.estimate if isinstance(action, Dispatch) else 0
         intent = Intent(
-            action=action, rule=rule, watermark=p.watermark, decided_at=workflow.now(), reservation=reservation
+            action=action,
+            rule=rule,
+            watermark=p.watermark,
+            decided_at=workflow.now(),
+            reservation=reservation,
         )
         key = f"{p.task_id}:intent:{p.watermark}:{p.intents + 1}"
         op_key = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
@@ -150,7 +161,8 @@ class TaskWorkflow:
                 )
                 events.append(to_new(esc, dedup_key=f"{key}:escalation"))
         new = await self._ledger(
-            "ledger.append", AppendInput(task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark)
+            "ledger.append",
+            AppendInput(task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark),
         )
         self._apply(p, new)
 
@@ -167,7 +179,9 @@ class TaskWorkflow:
             cause = e.cause
             if isinstance(cause, ApplicationError) and cause.type == "StaleEpoch":
                 # Another run took this task over: this run must stop acting at once.
-                raise ApplicationError(f"run fenced off: {cause.message}", type="StaleEpoch", non_retryable=True) from e
+                raise ApplicationError(
+                    f"run fenced off: {cause.message}", type="StaleEpoch", non_retryable=True
+                ) from e
             raise
 
     async def _mark(self, p: Projection, event: NewEvent) -> None:
@@ -193,7 +207,10 @@ class TaskWorkflow:
             self._start(action.operation_key, action.node, activity, inp)
         elif isinstance(action, StaticGate):
             gate = GateInput(
-                task_id=p.task_id, node=action.node, operation_key=action.operation_key, input_version=action.input_version
+                task_id=p.task_id,
+                node=action.node,
+                operation_key=action.operation_key,
+                input_version=action.input_version,
             )
             self._start(action.operation_key, action.node, "gate.run", gate)
 
@@ -203,33 +220,41 @@ class TaskWorkflow:
     async def _execute(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
         """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
         try:
-            await workflow.execute_activity(
+            result = await workflow.execute_activity(
                 activity,
                 arg,
                 start_to_close_timeout=timedelta(hours=2),
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=STAGE_RETRY,
             )
+            self._arrived.append(StoredEvent.model_validate(result))
         except ActivityError as e:
             # The executor gave up without writing its own result: record a technical failure so the rules
             # can retry or ask a person. Idempotent: if the executor did write a result, that one wins.
             assert self._p is not None
-            failure = Failure(node=node, operation_key=op_key, kind=FailureKind.TECHNICAL, error=_error_text(e))
+            failure = Failure(
+                node=node, operation_key=op_key, kind=FailureKind.TECHNICAL, error=_error_text(e)
+            )
             await self._mark(self._p, to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key))
         finally:
             self._running.pop(op_key, None)
             self._woken = True
 
+    async def _alarm(self, at: datetime) -> None:
+        await workflow.sleep(max(timedelta(0), at - workflow.now()))
+        self._woken = True
+
     # ── waiting ──────────────────────────────────────────────────────────────────────────────────────
     async def _wait(self, p: Projection, action: Wait) -> None:
         timeout = None
-        if action.until is not None:
+        if action.until is not None and action.until < self._ceiling_at:
+            # The time ceiling has its own alarm (started once); only nearer deadlines need a timer here, so
+            # an ordinary wake does not start and cancel a timer each iteration.
             timeout = max(timedelta(0), action.until - workflow.now())
-        try:
+        with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(lambda: self._woken, timeout=timeout)
-        except TimeoutError:
-            pass
         self._woken = False
+        caught_up = self._fold_arrived(p)
         now = workflow.now()
         for rid, r in list(p.requests.items()):
             if r.open and r.request.deadline is not None and r.request.deadline <= now:
@@ -237,20 +262,39 @@ class TaskWorkflow:
                 # a human decision, so exactly one resolution of a request can exist.
                 marker = SystemMarker(kind=MarkerKind.TIMEOUT, request_id=rid, node=r.request.node)
                 await self._mark(p, to_new(marker, dedup_key=f"{p.task_id}:resolution:{rid}"))
-        new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
-        self._apply(p, new)
+                caught_up = True  # the mark returned everything after the watermark
+        if not caught_up:
+            new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+            self._apply(p, new)
+
+    def _fold_arrived(self, p: Projection) -> bool:
+        """Fold the result events executors returned, if they continue the watermark without a gap.
+
+        They are the ledger's own rows (seq, epoch, server time), so folding them is folding the ledger; a gap
+        means someone else wrote in between (a Progress event, a person's decision) and a read is needed.
+        Returns True when nothing is left unfolded, i.e. no read is needed.
+        """
+        if not self._arrived:
+            return False  # woken by a timer or a signal: read what happened
+        for e in sorted(self._arrived, key=lambda e: e.seq):
+            if e.seq == p.watermark + 1:
+                apply(p, e)
+        self._arrived = [e for e in self._arrived if e.seq > p.watermark]
+        return not self._arrived
 
     # ── the LLM, only where the rules are silent ─────────────────────────────────────────────────────
     async def _ask_llm(self, p: Projection) -> tuple[str, Action]:
         proposed = await workflow.execute_activity(
             "llm.decide",
-            LlmDecideInput(task_id=p.task_id, watermark=p.watermark, summary=summary(p), allowed=ALLOWED_LLM_ACTIONS),
+            LlmDecideInput(
+                task_id=p.task_id, watermark=p.watermark, summary=summary(p), allowed=ALLOWED_LLM_ACTIONS
+            ),
             start_to_close_timeout=timedelta(minutes=5),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
         new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
         self._apply(p, new)  # the Decision event (and its inference cost) is now in the projection
-        problem, action = check_llm_action(p, proposed)
+        problem, action = check_llm_action(p, proposed, workflow.now())
         if action is not None:
             return "LLM", action
         request = HumanRequest(
@@ -261,7 +305,6 @@ class TaskWorkflow:
             deadline=None,
         )
         return "LLM", SuspendForHuman(request=request)
-
 
 
 def _error_text(e: ActivityError) -> str:

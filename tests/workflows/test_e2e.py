@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 
 from rules.events import parse
 from rules.projection import fold
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = """
 goal: a three-stage smoke pipeline
@@ -28,3 +31,31 @@ async def test_small_plan_completes_and_ledger_equals_vendor_charges(lf, sim):
     assert outcome_total == Decimal("3.75")
     assert p.reserved == 0
     assert {n: v.status.value for n, v in p.nodes.items()} == dict.fromkeys(p.nodes, "succeeded")
+
+
+async def test_e001_video_pipeline_completes_with_ledger_equal_to_vendor(lf, sim):
+    plan = lf.plan((ROOT / "examples" / "e001_video.yaml").read_text())
+    result = await lf.run(plan)
+    assert result.state == "Completed", result.summary
+    events = lf.recorder.read_events(plan.task_id)
+    p = fold(events)
+    assert len([n for n in p.nodes if n.startswith("keyframes/")]) == 19
+    assert all(v.status.value == "succeeded" for v in p.nodes.values())
+    vendor_total = await sim.total(plan.task_id)
+    outcome_total = sum((parse(e).actual_cost for e in events if e.type == "Outcome"), Decimal(0))
+    assert outcome_total == vendor_total
+    # Everything spent is either a vendor charge or priced inference (the review's model call).
+    assert p.spent == vendor_total + sum(
+        (parse(e).actual_cost for e in events if e.type == "ExecutionResult"), Decimal(0)
+    )
+    gates = [parse(e) for e in events if e.type == "ExecutionResult" and parse(e).kind == "gate"]
+    assert {g.node for g in gates} == {f"motion/S{i:02d}" for i in range(1, 20)}  # gated once per node
+
+
+async def test_course_lesson_pipeline_completes(lf, sim):
+    plan = lf.plan((ROOT / "examples" / "course_lesson.yaml").read_text())
+    result = await lf.run(plan)
+    assert result.state == "Completed", result.summary
+    events = lf.recorder.read_events(plan.task_id)
+    outcome_total = sum((parse(e).actual_cost for e in events if e.type == "Outcome"), Decimal(0))
+    assert outcome_total == await sim.total(plan.task_id)

@@ -1,0 +1,198 @@
+"""``make bench``: ledgerflow against a bare Temporal workflow on the same DAG, same servers, same run.
+
+DAG: a chain of 3, a fan-out of 5, a join of 2 (10 stages), zero-latency simulated vendor. Interleaved
+repetitions of: latency (N sequential workflows, median) and throughput (M concurrent, workflows/s), for
+(a) the bare workflow and (b) a ledgerflow task. Prints medians across repetitions and the ratios b/a.
+
+A ledgerflow task also runs its framework stages (compose + review, the review calling the LLM), which a
+bare 10-stage workflow does not; the table therefore also shows a bare workflow with two more stages
+("bare+2"), the like-for-like baseline for the work a ledgerflow task actually does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import httpx
+import psutil
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from bench.bare import BareActivities, BareDag, BareInput
+from ledgerflow import pg, stack
+from ledgerflow.config import Settings
+from ledgerflow.routes import DEFAULT_ROUTES
+from rules.plan import load_plan
+from vendors.http import HttpJobVendor
+from workflows.task import TaskInput, TaskWorkflow, workflow_id
+
+SIM_KEY = "bench-key"
+PLAN = """
+goal: benchmark DAG
+budget_ceiling: 100
+stages:
+  - {id: a, executor: llm.text, estimate: 0.01}
+  - {id: b, executor: llm.text, estimate: 0.01, depends_on: [a]}
+  - {id: c, executor: llm.text, estimate: 0.01, depends_on: [b]}
+  - {id: f, executor: llm.text, estimate: 0.01, depends_on: [c], fan_out: 5, canary: false}
+  - {id: j1, executor: llm.text, estimate: 0.01, depends_on: [f]}
+  - {id: j2, executor: llm.text, estimate: 0.01, depends_on: [j1]}
+"""
+BARE = {"chain": ["a", "b", "c"], "fan_out": [f"f{i}" for i in range(5)], "join": ["j1", "j2"]}
+BARE_PLUS_2 = {**BARE, "join": ["j1", "j2", "compose", "review"]}
+
+
+async def run_bare(client: Client, queue: str, shape: dict[str, list[str]]) -> None:
+    rid = uuid.uuid4().hex[:12]
+    await client.execute_workflow(
+        BareDag.run, BareInput(run_id=f"bare-{rid}", **shape), id=f"bare-{rid}", task_queue=queue
+    )
+
+
+async def run_ledgerflow(client: Client, queue: str) -> None:
+    tid = f"bench-{uuid.uuid4().hex[:12]}"
+    plan = load_plan(PLAN, DEFAULT_ROUTES, task_id=tid)
+    result = await client.execute_workflow(
+        TaskWorkflow.run, TaskInput(task_id=tid, plan=plan), id=workflow_id(tid), task_queue=queue
+    )
+    if result.state != "Completed":
+        raise RuntimeError(f"benchmark task {tid} ended {result.state}")
+
+
+async def latency(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+async def throughput(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    await asyncio.gather(*(fn() for _ in range(n)))
+    return n / (time.perf_counter() - t)
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU time used so far by each process of the stack (Postgres: the postmaster and all its backends)."""
+    out = {}
+    for name, pid in pids.items():
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)] if name == "postgres" else [proc]
+            out[name] = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        except psutil.NoSuchProcess:
+            out[name] = 0.0
+    return out
+
+
+async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | None = None) -> None:
+    work = Path(tempfile.mkdtemp(prefix="ledgerflow-bench-"))
+    instance = pg.init_and_start(work / "pg" / "data")
+    port, ui = pg.free_port(), pg.free_port()
+    procs = [stack.start_temporal(work, port, ui, work / "temporal.log")]
+    sim_port = pg.free_port()
+    procs.append(stack.start_simulator(sim_port, work / "simulator.log"))
+    try:
+        client = await Client.connect(f"127.0.0.1:{port}", data_converter=pydantic_data_converter)
+        settings = Settings(
+            temporal_address=f"127.0.0.1:{port}",
+            database_url=instance.url,
+            vendor_url=f"http://127.0.0.1:{sim_port}",
+            vendor_api_key=SIM_KEY,
+            llm_api_key=SIM_KEY,
+            artifact_dir=work / "artifacts",
+            poll_interval_seconds=0.02,
+        )
+        from worker import build_worker
+
+        queue = "bench"
+        async with AsyncExitStack() as es:
+            lf_worker = await build_worker(client, settings, es, task_queue=queue)
+            http = await es.enter_async_context(httpx.AsyncClient(timeout=30))
+            vendor = HttpJobVendor(settings.resolved_vendor_url(), SIM_KEY, client=http)
+            bare_worker = Worker(
+                client,
+                task_queue=f"{queue}-bare",
+                workflows=[BareDag],
+                activities=[BareActivities(vendor, 0.02).stage],
+                max_concurrent_activities=64,
+            )
+            await es.enter_async_context(lf_worker)
+            await es.enter_async_context(bare_worker)
+            contenders = {
+                "bare": lambda: run_bare(client, f"{queue}-bare", BARE),
+                "bare+2": lambda: run_bare(client, f"{queue}-bare", BARE_PLUS_2),
+                "ledgerflow": lambda: run_ledgerflow(client, queue),
+            }
+            if only:
+                contenders = {k: v for k, v in contenders.items() if k in only}
+            for fn in contenders.values():  # warm-up: connections, caches, the sandbox's module imports
+                await fn()
+            pids = {
+                "worker": os.getpid(),
+                "temporal": procs[0].pid,
+                "simulator": procs[1].pid,
+                "postgres": pg.postmaster_pid(work / "pg" / "data") or 0,
+            }
+            cpu: dict[str, dict[str, float]] = {k: dict.fromkeys(pids, 0.0) for k in contenders}
+            lat: dict[str, list[float]] = {k: [] for k in contenders}
+            thr: dict[str, list[float]] = {k: [] for k in contenders}
+            for rep in range(reps):
+                for name, fn in contenders.items():
+                    lat[name].append(await latency(fn, n_latency))
+                for name, fn in contenders.items():
+                    before = cpu_seconds(pids)
+                    thr[name].append(await throughput(fn, n_throughput))
+                    after = cpu_seconds(pids)
+                    for proc_name in pids:
+                        cpu[name][proc_name] += (after[proc_name] - before[proc_name]) / (n_throughput * reps)
+                print(
+                    f"rep {rep + 1}/{reps}: "
+                    + "  ".join(f"{k} {lat[k][-1] * 1000:.0f} ms {thr[k][-1]:.2f}/s" for k in contenders),
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        for proc in procs:
+            proc.terminate()
+        pg.stop(work / "pg" / "data")
+    med_l = {k: statistics.median(v) for k, v in lat.items()}
+    med_t = {k: statistics.median(v) for k, v in thr.items()}
+    print(
+        f"\n{reps} interleaved repetitions; latency = median of {n_latency} sequential, "
+        f"throughput = {n_throughput} concurrent\n"
+    )
+    print(f"{'':12} {'latency ms':>11} {'wf/s':>7}")
+    for k in contenders:
+        print(f"{k:12} {med_l[k] * 1000:11.0f} {med_t[k]:7.2f}")
+    print(f"\nCPU ms per workflow (throughput runs): {'':3}" + "".join(f"{p:>10}" for p in pids))
+    for k in contenders:
+        print(f"{k:12} {'':26}" + "".join(f"{cpu[k][p] * 1000:10.1f}" for p in pids))
+    print()
+    for base in ("bare", "bare+2") if "ledgerflow" in med_l and "bare" in med_l else ():
+        print(
+            f"ledgerflow / {base:7} latency {med_l['ledgerflow'] / med_l[base]:.2f}x   "
+            f"throughput {med_t['ledgerflow'] / med_t[base]:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--latency-n", type=int, default=20)
+    parser.add_argument("--throughput-n", type=int, default=50)
+    parser.add_argument("--only", action="append", help="run only these contenders (profiling)")
+    args = parser.parse_args()
+    asyncio.run(main(args.reps, args.latency_n, args.throughput_n, args.only))

@@ -1,0 +1,108 @@
+"""The ledger's tables, and the database-side rules that keep ``events`` append-only.
+
+``events`` holds every fact, keyed by ``(task_id, seq)`` with a gapless per-task ``seq``; ``task_leases``
+holds one row per task (never deleted) with the fencing ``epoch`` and the next ``seq`` to hand out.
+Append-only is enforced by triggers in the database, not by convention: UPDATE, DELETE and TRUNCATE of
+``events`` raise, and so do DELETE and TRUNCATE of ``task_leases``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import (
+    TIMESTAMP,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Connection,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata: Final = MetaData()
+
+task_leases: Final = Table(
+    "task_leases",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("holder", Text, nullable=True),
+    Column("next_seq", BigInteger, nullable=False, server_default=text("1")),
+    Column("renewed_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    CheckConstraint("epoch >= 1", name="ck_task_leases_epoch_positive"),
+    CheckConstraint("next_seq >= 1", name="ck_task_leases_next_seq_positive"),
+)
+
+events: Final = Table(
+    "events",
+    metadata,
+    Column("task_id", Text, ForeignKey("task_leases.task_id"), primary_key=True),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("type", Text, nullable=False),
+    Column("schema_version", Integer, nullable=False, server_default=text("1")),
+    Column("epoch", BigInteger, nullable=False),
+    Column("dedup_key", Text, nullable=False),
+    Column("operation_key", Text, nullable=True),
+    Column("payload", JSONB, nullable=False),
+    # clock_timestamp(), not now(): now() is frozen at transaction start, so rows of one batch would share it.
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    # Named, because the recorder recognises a dedup conflict by this constraint's name.
+    UniqueConstraint("dedup_key", name="uq_events_dedup_key"),
+    CheckConstraint("seq >= 1", name="ck_events_seq_positive"),
+    Index("ix_events_operation_key", "operation_key"),
+)
+
+DEDUP_CONSTRAINT: Final = "uq_events_dedup_key"
+
+# An arbitrary constant shared by every process creating the schema ("ledger" in ASCII).
+_SCHEMA_LOCK_KEY: Final = 0x6C6564676572
+
+_REFUSE_FUNCTION: Final = """
+CREATE OR REPLACE FUNCTION ledger_refuse_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'ledger: % on table % is refused (the ledger is append-only)', TG_OP, TG_TABLE_NAME
+        USING ERRCODE = 'restrict_violation', HINT = 'record a new event instead of changing an old one';
+END;
+$$
+"""
+
+# Statement-level, so a statement is refused even when it matches no row (and TRUNCATE has no rows at all).
+_TRIGGERS: Final = (
+    ("events_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON events"),
+    ("task_leases_never_deleted", "BEFORE DELETE OR TRUNCATE ON task_leases"),
+)
+
+
+def create_schema_on(conn: Connection) -> None:
+    """Create the tables, the refusing function and its triggers on ``conn``, inside its transaction.
+
+    Idempotent. The caller owns the transaction; ``create_schema`` is the usual entry point.
+    """
+    # Two processes starting at once would otherwise race on CREATE TABLE IF NOT EXISTS and on replacing the
+    # function ("tuple concurrently updated"); the xact lock serializes them and is released at commit.
+    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+    metadata.create_all(conn, checkfirst=True)
+    conn.execute(text(_REFUSE_FUNCTION))
+    for name, timing in _TRIGGERS:
+        table = timing.rsplit(" ", 1)[1]
+        conn.execute(text(f"DROP TRIGGER IF EXISTS {name} ON {table}"))
+        conn.execute(
+            text(f"CREATE TRIGGER {name} {timing} FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_change()")
+        )
+
+
+def create_schema(engine: Engine) -> None:
+    """Create the ledger schema in one transaction; safe to repeat, and to race from several processes."""
+    with engine.begin() as conn:
+        create_schema_on(conn)

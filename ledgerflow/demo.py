@@ -1,0 +1,94 @@
+"""``ledgerflow demo``: the E001 pipeline, unattended, on the embedded stack, with a live view and report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from temporalio.client import WorkflowFailureError, WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from ledgerflow import client as lf
+from ledgerflow import stack
+from ledgerflow.config import Settings
+from ledgerflow.report import stage_rows, status_table
+from workflows.task import TaskInput, TaskWorkflow, workflow_id
+
+
+def run_demo(settings: Settings, plan_text: str, out: Console) -> int:
+    started = time.monotonic()
+    out.print("[bold]ledgerflow demo[/bold]: bringing the embedded stack up …")
+    info = stack.up(settings)
+    # The stack's addresses now live in stack.json; a fresh Settings reads them.
+    settings = Settings()
+    if not settings.vendor_url:  # our own simulator: give it the demo's latencies and technical failures
+        sim_config = Path(__file__).resolve().parent.parent / "examples" / "simulator_demo.json"
+        reply = httpx.put(
+            f"{info['vendor_url']}/admin/config", json=json.loads(sim_config.read_text()), timeout=10
+        )
+        reply.raise_for_status()
+    task_id = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    plan = lf.parse_plan(plan_text, task_id)
+    summary, error = asyncio.run(_run(settings, plan, out))
+    wall = time.monotonic() - started
+    n_events = len(lf.events(settings, task_id))
+    out.print(_report(summary, n_events, wall))
+    ui = info.get("ui_url")
+    if ui:
+        out.print(f"Temporal UI: {ui}/namespaces/{settings.namespace}/workflows/{workflow_id(task_id)}")
+    out.print(f"Ledger:      ledgerflow events {task_id}")
+    if error:
+        out.print(f"[red]task failed:[/red] {error}")
+    return 0 if summary.get("state") == "Completed" else 1
+
+
+async def _run(settings: Settings, plan: Any, out: Console) -> tuple[dict[str, Any], str | None]:
+    client = await lf.connect(settings)
+    handle = await client.start_workflow(
+        TaskWorkflow.run,
+        TaskInput(task_id=plan.task_id, plan=plan),
+        id=workflow_id(plan.task_id),
+        task_queue=settings.task_queue,
+    )
+    out.print(
+        f"task {plan.task_id} started; storyboard approval times out after "
+        f"{plan.approval.timeout:g}s and the plan's policy ({plan.approval.policy}) applies"
+    )
+    result_task = asyncio.ensure_future(handle.result())
+    error = None
+    with Live(Table(), console=out, refresh_per_second=4, transient=False) as live:
+        while not result_task.done():
+            # The query can race the workflow's first task; the next tick retries.
+            with contextlib.suppress(RPCError, WorkflowQueryFailedError):
+                live.update(status_table(await handle.query("status")))
+            await asyncio.wait([result_task], timeout=0.5)
+        try:
+            summary = (await result_task).summary
+        except WorkflowFailureError as e:
+            error = str(e.cause or e)
+            summary = await lf.status(settings, plan.task_id)
+        live.update(status_table(summary))
+    return summary, error
+
+
+def _report(summary: dict[str, Any], n_events: int, wall: float) -> Table:
+    table = Table(
+        title=f"E001 report — {summary['state']}, verdict {summary.get('verdict')}", title_justify="left"
+    )
+    for col in ("stage", "nodes", "attempts", "cost"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for stage, nodes, _done, attempts, cost in stage_rows(summary):
+        table.add_row(stage, str(nodes), str(attempts), str(cost))
+    table.add_section()
+    table.add_row("total", "", "", str(summary["spent"]))
+    table.caption = f"{n_events} ledger events · wall time {wall:.1f}s · ceiling {summary['ceiling']}"
+    return table

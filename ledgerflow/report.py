@@ -1,0 +1,61 @@
+"""Rich renderings of a task's status and events (the CLI's tables)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from rich.table import Table
+
+from rules.envelope import StoredEvent
+
+
+def stage_rows(summary: dict[str, Any]) -> list[tuple[str, int, int, int, Decimal]]:
+    """Per stage: (stage, nodes, succeeded, attempts, cost), in plan order."""
+    rows: dict[str, list[Any]] = {}
+    for node_id, node in summary["nodes"].items():
+        stage = node_id.split("/", 1)[0]
+        row = rows.setdefault(stage, [stage, 0, 0, 0, Decimal(0)])
+        row[1] += 1
+        row[2] += node["status"] == "succeeded"
+        row[3] += node["attempts"]
+        row[4] += Decimal(node["spent"])
+    return [tuple(r) for r in rows.values()]  # type: ignore[misc]
+
+
+def status_table(summary: dict[str, Any]) -> Table:
+    if "nodes" not in summary:  # the workflow has not opened the task in the ledger yet
+        return Table(title=f"task {summary.get('task_id')} — {summary.get('state')}", title_justify="left")
+    title = (
+        f"task {summary['task_id']} — {summary['state']} — spent {summary['spent']} "
+        f"(reserved {summary['reserved']}) of {summary['ceiling']}"
+    )
+    table = Table(title=title, title_justify="left")
+    for col in ("stage", "nodes", "done", "attempts", "cost"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for stage, nodes, done, attempts, cost in stage_rows(summary):
+        table.add_row(stage, str(nodes), str(done), str(attempts), str(cost))
+    for r in summary.get("open_requests", []):
+        table.add_row(f"[yellow]waiting: {r['id']}[/yellow]", "", "", "", r.get("deadline") or "")
+    return table
+
+
+def events_table(events: list[StoredEvent]) -> Table:
+    table = Table(title=f"{len(events)} events of task {events[0].task_id}" if events else "no events")
+    for col in ("seq", "recorded_at", "type", "epoch", "detail"):
+        table.add_column(col)
+    for e in events:
+        detail = {k: v for k, v in e.payload.items() if k not in ("plan",)}
+        if "action" in detail and isinstance(detail["action"], dict):
+            a = detail["action"]
+            detail = {
+                "rule": detail.get("rule"),
+                "action": a.get("kind"),
+                "node": a.get("node") or a.get("target"),
+            }
+        text = json.dumps(detail, default=str)
+        table.add_row(
+            str(e.seq), e.recorded_at.strftime("%H:%M:%S.%f")[:-3], e.type, str(e.epoch), text[:100]
+        )
+    return table

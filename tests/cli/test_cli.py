@@ -1,0 +1,132 @@
+"""The ``ledgerflow`` command as a user runs it: a real subprocess, real servers, one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [str(Path(sys.executable).parent / "ledgerflow")]  # the installed console script
+
+GOOD = """
+goal: a two-stage plan
+budget_ceiling: 10
+stages:
+  - {id: script, executor: llm.text, estimate: 0.5}
+  - {id: shots, executor: image.keyframe, estimate: 1, depends_on: [script], fan_out: 2}
+"""
+
+
+def run(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, proc
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("plan", "needles"),
+    [
+        (
+            GOOD.replace("depends_on: [script]", "depends_on: [scrpt]"),
+            ("stage 'shots'", "unknown stage 'scrpt'"),
+        ),
+        (GOOD.replace("estimate: 0.5", "estimate: -1"), ("stage 'script'", "must not be negative")),
+        (GOOD.replace("estimate: 0.5", "estimate: .nan"), ("stage 'script'", "finite")),
+        (GOOD.replace("executor: llm.text", "executor: nope"), ("stage 'script'", "has no route")),
+        (GOOD.replace("id: script", "id: ../etc/passwd"), ("not a valid id",)),
+        ("goal: [unclosed\n", ("not valid YAML",)),
+        (
+            GOOD
+            + "  - {id: a, executor: llm.text, depends_on: [b]}\n  - {id: b, executor: llm.text, depends_on: [a]}\n",
+            ("dependency cycle", "a -> b -> a"),
+        ),
+    ],
+    ids=["unknown-dep", "negative", "nan", "no-route", "hostile-id", "bad-yaml", "cycle"],
+)
+def test_submit_refuses_a_bad_plan_with_one_line_naming_the_stage(tmp_path, plan, needles):
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan)
+    proc = run(["submit", str(path)], env={"LEDGERFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1"}, cwd=tmp_path)
+    assert_one_line_error(proc, *needles)
+
+
+def test_missing_plan_file_is_one_line(tmp_path):
+    assert_one_line_error(run(["submit", str(tmp_path / "nope.yaml")], cwd=tmp_path), "no such plan file")
+
+
+def test_unreachable_temporal_is_one_line(tmp_path, pg_url):
+    path = tmp_path / "plan.yaml"
+    path.write_text(GOOD)
+    env = {"LEDGERFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1", "LEDGERFLOW_DATABASE_URL": pg_url}
+    assert_one_line_error(run(["submit", str(path)], env=env, cwd=tmp_path), "cannot reach Temporal")
+
+
+def test_status_of_an_unknown_task_is_one_line(tmp_path, pg_url):
+    env = {"LEDGERFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1", "LEDGERFLOW_DATABASE_URL": pg_url}
+    assert_one_line_error(run(["status", "no-such-task"], env=env, cwd=tmp_path), "no task 'no-such-task'")
+
+
+async def test_submit_wait_runs_a_task_and_events_lists_its_ledger(lf, sim, tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(GOOD)
+    env = {
+        **os.environ,
+        "LEDGERFLOW_TEMPORAL_ADDRESS": lf.settings.temporal_address,
+        "LEDGERFLOW_DATABASE_URL": lf.settings.database_url,
+        "LEDGERFLOW_TASK_QUEUE": lf.task_queue,
+    }
+    task_id = f"cli-{os.getpid()}-{tmp_path.name[-6:]}"
+    proc = await asyncio.create_subprocess_exec(
+        *CLI,
+        "submit",
+        str(path),
+        "--task-id",
+        task_id,
+        "--wait",
+        "--json",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()
+    result = json.loads(out)
+    assert result["state"] == "Completed" and result["task_id"] == task_id
+    again = await asyncio.create_subprocess_exec(
+        *CLI,
+        "submit",
+        str(path),
+        "--task-id",
+        task_id,
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await again.communicate()
+    assert again.returncode == 2 and b"already exists" in err and b"Traceback" not in err
+    events = await asyncio.create_subprocess_exec(
+        *CLI, "events", task_id, "--json", cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE
+    )
+    lines, _ = await events.communicate()
+    types = [json.loads(line)["type"] for line in lines.decode().splitlines()]
+    assert types[0] == "TaskCreated" and types.count("Outcome") == 4  # script, 2 shots, compose
+    assert len(types) == len(lf.recorder.read_events(task_id))
