@@ -7,18 +7,20 @@ Every call returns the events after the caller's watermark, so one local activit
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from ledger.errors import DuplicateEvent, StaleEpoch
+from ledger.errors import BudgetRefused, DuplicateEvent, StaleEpoch
 from ledger.recorder import Recorder
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import TaskCreated, to_new
-from rules.plan import Plan
+from rules.plan import Plan, budget_scopes
 
 # Errors a retry can never fix: the workflow's local-activity retry policy lists these as non-retryable.
-NON_RETRYABLE = ["StaleEpoch", "DuplicateEvent"]
+NON_RETRYABLE = ["StaleEpoch", "DuplicateEvent", "BudgetRefused"]
 
 
 class OpenTaskInput(BaseModel):
@@ -37,12 +39,17 @@ class AppendInput(BaseModel):
     epoch: int
     events: list[NewEvent]
     after: int
+    reserve: Decimal = Decimal(
+        0
+    )  # admitted on every budget scope in the same transaction, or nothing is written
 
 
 class MarkInput(BaseModel):
     task_id: str
     event: NewEvent
     after: int
+    release: Decimal = Decimal(0)  # settlement, applied only if this call is the one that writes the event
+    spend: Decimal = Decimal(0)
 
 
 class ReadInput(BaseModel):
@@ -60,6 +67,7 @@ class LedgerActivities:
     def open_task(self, inp: OpenTaskInput) -> OpenTaskResult:
         """Take the task's fencing epoch (+1), write TaskCreated if absent, return the whole history."""
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
+        self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id)
         if not events:
             created = to_new(TaskCreated(plan=inp.plan), dedup_key=f"{inp.task_id}:created")
@@ -76,9 +84,12 @@ class LedgerActivities:
     def append(self, inp: AppendInput) -> list[StoredEvent]:
         """Fenced append of the run's own events (an INTENT and its immediate effect)."""
         try:
-            self.recorder.append_fenced(inp.task_id, inp.epoch, inp.events)
+            self.recorder.append_fenced(inp.task_id, inp.epoch, inp.events, reserve=inp.reserve)
         except StaleEpoch as e:
             raise _stale(e) from e
+        except BudgetRefused as e:
+            # Not an error of the run: the loop records an escalation naming the scope that is short.
+            raise ApplicationError(str(e), e.scope, type="BudgetRefused", non_retryable=True) from e
         except DuplicateEvent as e:
             raise ApplicationError(str(e), type="DuplicateEvent", non_retryable=True) from e
         return self.recorder.read_events(inp.task_id, after_seq=inp.after)
@@ -86,7 +97,7 @@ class LedgerActivities:
     @activity.defn(name="ledger.mark")
     def mark(self, inp: MarkInput) -> list[StoredEvent]:
         """Idempotent append (first write wins), then read what is new."""
-        self.recorder.append_idempotent(inp.task_id, inp.event)
+        self.recorder.append_idempotent(inp.task_id, inp.event, release=inp.release, spend=inp.spend)
         return self.recorder.read_events(inp.task_id, after_seq=inp.after)
 
     @activity.defn(name="ledger.read")

@@ -7,6 +7,7 @@ heartbeat or an error message. Every call's token usage is priced and lands in t
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -124,7 +125,11 @@ class LlmActivities:
         )
         event = to_new(decision, dedup_key=dedup)
         payload = {**event.payload, "proposal": proposal.model_dump() if proposal else None}
-        await asyncio.to_thread(
-            self.recorder.append_idempotent, inp.task_id, event.model_copy(update={"payload": payload})
+        append = functools.partial(
+            self.recorder.append_idempotent,
+            inp.task_id,
+            event.model_copy(update={"payload": payload}),
+            spend=reply.cost,
         )
+        await asyncio.to_thread(append)  # inference is spent on every budget scope, like vendor work
         return proposal.model_dump() if proposal else None

@@ -7,8 +7,10 @@ on disk against their registered hashes, and writes exactly one result through t
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -73,9 +75,15 @@ class ReviewActivities:
         self.store = store
         self.chat = chat
 
-    async def _record(self, task_id: str, key: str, event: Outcome | ExecutionResult) -> StoredEvent:
+    async def _record(
+        self, task_id: str, key: str, event: Outcome | ExecutionResult, *, release: Decimal = Decimal(0)
+    ) -> StoredEvent:
+        """Write the one result of this operation, settling its reservation at the actual cost."""
         new = to_new(event, dedup_key=f"{key}:result", operation_key=key)
-        stored, _inserted = await asyncio.to_thread(self.recorder.append_idempotent, task_id, new)
+        append = functools.partial(
+            self.recorder.append_idempotent, task_id, new, release=release, spend=event.actual_cost
+        )
+        stored, _inserted = await asyncio.to_thread(append)
         return stored
 
     async def _projection(self, task_id: str) -> Projection:
@@ -101,7 +109,7 @@ class ReviewActivities:
             artifact=ArtifactRef(uri=uri, sha256=digest, size=len(data)),
             actual_cost=0,
         )
-        return await self._record(inp.task_id, inp.operation_key, event)
+        return await self._record(inp.task_id, inp.operation_key, event, release=inp.estimate)
 
     @activity.defn(name="review.run")
     async def review(self, inp: StageInput) -> StoredEvent:
@@ -137,7 +145,7 @@ class ReviewActivities:
             scores=scores,
             actual_cost=cost,
         )
-        return await self._record(inp.task_id, key, event)
+        return await self._record(inp.task_id, key, event, release=inp.estimate)
 
     @activity.defn(name="gate.run")
     async def gate(self, inp: GateInput) -> StoredEvent:

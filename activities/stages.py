@@ -9,7 +9,9 @@ result key ``{op}:result`` is shared by Outcome and Failure, so one operation ha
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import timedelta
+from decimal import Decimal
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -18,7 +20,16 @@ from activities.artifacts import ArtifactCorrupt, LocalArtifactStore
 from activities.models import StageInput
 from ledger.recorder import Recorder
 from rules.envelope import NewEvent, StoredEvent
-from rules.events import ArtifactRef, Failure, FailureKind, Outcome, Progress, to_new
+from rules.events import (
+    ArtifactRef,
+    Failure,
+    FailureKind,
+    MarkerKind,
+    Outcome,
+    Progress,
+    SystemMarker,
+    to_new,
+)
 from vendors.errors import (
     ArtifactHashMismatch,
     VendorConflict,
@@ -38,8 +49,12 @@ class StageActivities:
         self.store = store
         self.poll_interval = poll_interval
 
-    async def _write(self, task_id: str, event: NewEvent) -> StoredEvent:
-        stored, _inserted = await asyncio.to_thread(self.recorder.append_idempotent, task_id, event)
+    async def _write(
+        self, task_id: str, event: NewEvent, *, release: Decimal = Decimal(0), spend: Decimal = Decimal(0)
+    ) -> StoredEvent:
+        stored, _inserted = await asyncio.to_thread(
+            functools.partial(self.recorder.append_idempotent, task_id, event, release=release, spend=spend)
+        )
         return stored
 
     @activity.defn(name="stage.run")
@@ -118,7 +133,21 @@ class StageActivities:
                 kind = FailureKind.CONTENT
             message = job.error.message if job.error is not None else f"job {job.id} ended {job.status}"
             event = Failure(node=inp.node, operation_key=key, kind=kind, error=message, actual_cost=job.cost)
-        return await self._write(inp.task_id, to_new(event, dedup_key=f"{key}:result", operation_key=key))
+        result = to_new(event, dedup_key=f"{key}:result", operation_key=key)
+        # The result settles the attempt's reservation at the actual cost, in the same transaction, once.
+        stored = await self._write(inp.task_id, result, release=inp.estimate, spend=job.cost)
+        if job.cost > inp.estimate:
+            # Recorded as it is, never hidden or blocked: a marker flags it for people and the audit.
+            anomaly = SystemMarker(
+                kind=MarkerKind.COST_ANOMALY,
+                node=inp.node,
+                operation_key=key,
+                detail=f"actual {job.cost} above the reserved estimate {inp.estimate}",
+            )
+            await self._write(
+                inp.task_id, to_new(anomaly, dedup_key=f"{key}:cost_anomaly", operation_key=key)
+            )
+        return stored
 
 
 def _delay(seconds: float) -> timedelta:

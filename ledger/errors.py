@@ -7,7 +7,8 @@ attributes and pickles cleanly (``__reduce__``), because errors cross process bo
 
 from __future__ import annotations
 
-from typing import Any
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
 
 
 class LedgerError(Exception):
@@ -61,3 +62,58 @@ class LedgerUnavailable(LedgerError):
     Whether the interrupted write committed is unknown: callers retry, and the dedup keys make the retry
     safe.
     """
+
+
+class BudgetRefused(LedgerError):
+    """A reservation does not fit one of the task's budget scopes: nothing was written (no event, no reserve).
+
+    ``scope`` is the first scope (in lock order) that is short; the figures are that account's, as locked.
+    """
+
+    def __init__(
+        self, scope: str, ceiling: Decimal, spent: Decimal, reserved: Decimal, amount: Decimal
+    ) -> None:
+        left = ceiling - spent - reserved
+        super().__init__(
+            f"budget refused: {scope} has {_money(left)} left of {_money(ceiling)}"
+            f" (spent {_money(spent)}, reserved {_money(reserved)}), needs {_money(amount)}"
+        )
+        self.scope = scope
+        self.ceiling = ceiling
+        self.spent = spent
+        self.reserved = reserved
+        self.amount = amount
+
+    @property
+    def remaining(self) -> Decimal:
+        """``ceiling - spent - reserved``: what was left (negative once spend passed the ceiling)."""
+        return self.ceiling - self.spent - self.reserved
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.scope, self.ceiling, self.spent, self.reserved, self.amount))
+
+
+class InvalidAmount(LedgerError, ValueError):
+    """An amount given to a budget method is not money: not a Decimal or int, negative, not finite, absurdly
+    large, or finer than the ledger's six decimal places. Nothing was written."""
+
+    def __init__(self, name: str, value: object, reason: str) -> None:
+        super().__init__(f"{name}: {reason}, got {value!r:.60}")
+        self.name = name
+        self.value = value
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.value, self.reason))
+
+
+_CENT: Final = Decimal("0.01")
+
+
+def _money(amount: Decimal) -> str:
+    """``4.100000`` -> ``4.10``: at least two decimals, more only when they carry something."""
+    try:
+        cents = amount.quantize(_CENT)
+    except InvalidOperation:  # beyond the context's precision: show it as it is
+        return str(amount)
+    return str(cents) if cents == amount else f"{amount.normalize():f}"

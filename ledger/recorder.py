@@ -8,20 +8,51 @@
 
 Both paths allocate ``seq`` under the lease row lock, so each task's seqs are gapless 1..n in commit order.
 Driver errors are translated into ``ledger.errors`` here, once, and nowhere else.
+
+Money rides on the same two paths: a fenced append may ``reserve`` an amount on every budget scope of the task
+(all of them or nothing, in the INTENT's transaction), and the idempotent append that records an outcome may
+``release`` the reservation and ``spend`` the actual cost (only if it is the write that inserted the event).
+
+Lock order, on every path that locks more than one thing: the task's lease row, then its new event rows, then
+its budget accounts in ``scope COLLATE "C"`` order (the order of Python's ``sorted``). Each transaction holds
+at most one lease row and takes it first, so no cycle of waits can form: see ``_LOCK_ACCOUNTS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, bindparam, create_engine, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Numeric,
+    Text,
+    any_,
+    bindparam,
+    create_engine,
+    func,
+    select,
+    update,
+)
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from ledger.errors import DuplicateEvent, LedgerError, LedgerUnavailable, StaleEpoch, TaskNotFound
-from ledger.schema import DEDUP_CONSTRAINT, create_schema, events, task_leases
+from ledger.errors import (
+    BudgetRefused,
+    DuplicateEvent,
+    InvalidAmount,
+    LedgerError,
+    LedgerUnavailable,
+    StaleEpoch,
+    TaskNotFound,
+)
+from ledger.schema import DEDUP_CONSTRAINT, MONEY_SCALE, budget_accounts, create_schema, events, task_leases
 from rules.envelope import NewEvent, StoredEvent
 
 _EVENT_COLUMNS: Final = (
@@ -92,7 +123,8 @@ _PREFLIGHT: Final = (
     select(task_leases.c.epoch.label("current_epoch"), *_EVENT_COLUMNS)
     .select_from(
         task_leases.outerjoin(
-            events, (events.c.dedup_key == bindparam("b_dedup_key")) & (events.c.task_id == task_leases.c.task_id)
+            events,
+            (events.c.dedup_key == bindparam("b_dedup_key")) & (events.c.task_id == task_leases.c.task_id),
         )
     )
     .where(task_leases.c.task_id == bindparam("b_task_id"))
@@ -116,6 +148,143 @@ _BY_OPERATION_KEY: Final = (
 )
 
 _TASK_IDS: Final = select(task_leases.c.task_id).order_by(task_leases.c.created_at, task_leases.c.task_id)
+
+# --- money -------------------------------------------------------------------------------------------------
+
+# One billion, as rules.plan.MAX_AMOUNT: anything larger is a typo or an attack.
+MAX_AMOUNT: Final = Decimal("1000000000")
+_QUANTUM: Final = Decimal(1).scaleb(-MONEY_SCALE)  # the accounts' numeric(20, 6): one micro-unit
+
+_SCOPES: Final = ARRAY(Text)
+_MONEY: Final = Numeric(20, MONEY_SCALE, asdecimal=True)
+
+# The money variants of the two seq reservations also return the task's scopes: same statement, same row lock.
+_RESERVE_FENCED_SCOPES: Final = (
+    update(task_leases)
+    .where(task_leases.c.task_id == bindparam("b_task_id"), task_leases.c.epoch == bindparam("b_epoch"))
+    .values(next_seq=task_leases.c.next_seq + bindparam("b_count", type_=BigInteger))
+    .returning(task_leases.c.next_seq, task_leases.c.budget_scopes)
+)
+_RESERVE_ONE_SCOPES: Final = (
+    update(task_leases)
+    .where(task_leases.c.task_id == bindparam("b_task_id"))
+    .values(next_seq=task_leases.c.next_seq + 1)
+    .returning(task_leases.c.next_seq, task_leases.c.epoch, task_leases.c.budget_scopes)
+)
+
+_ACCOUNT_COLUMNS: Final = (
+    budget_accounts.c.scope,
+    budget_accounts.c.ceiling,
+    budget_accounts.c.reserved,
+    budget_accounts.c.spent,
+    budget_accounts.c.updated_at,
+)
+# COLLATE "C": byte order, the same on every database and equal to Python's sorted() over str, so the lock
+# order below and the insert order in open_budget agree whatever the database's default collation is.
+_BY_SCOPE: Final = budget_accounts.c.scope.collate("C")
+
+# The task's accounts, locked in one fixed global order. Deadlock-free: a transaction that locks accounts has
+# first locked its own task's lease row (that one only) and inserted its events, and locks accounts last,
+# always ascending. One waiting for a lease row holds nothing yet; one waiting for an event row (a dedup key
+# being inserted elsewhere) holds no account; one waiting for an account waits only for a scope above every
+# scope it holds. So no cycle of waits can close. FOR UPDATE under READ COMMITTED returns each row's newest
+# committed version once its lock is granted, so the figures checked are the ones the UPDATE then changes.
+# (LockRows runs above the Sort, so the rows are locked in this order.)
+_LOCK_ACCOUNTS: Final = (
+    select(*_ACCOUNT_COLUMNS)
+    .where(budget_accounts.c.scope == any_(bindparam("b_scopes", type_=_SCOPES)))
+    .order_by(_BY_SCOPE)
+    .with_for_update()
+)
+
+# Applied to rows already locked by _LOCK_ACCOUNTS in the same transaction: no new waits, no re-check.
+_ADD_RESERVED: Final = (
+    update(budget_accounts)
+    .where(budget_accounts.c.scope == any_(bindparam("b_scopes", type_=_SCOPES)))
+    .values(
+        reserved=budget_accounts.c.reserved + bindparam("b_amount", type_=_MONEY),
+        updated_at=func.clock_timestamp(),
+    )
+)
+_SETTLE: Final = (
+    update(budget_accounts)
+    .where(budget_accounts.c.scope == any_(bindparam("b_scopes", type_=_SCOPES)))
+    .values(
+        reserved=budget_accounts.c.reserved - bindparam("b_release", type_=_MONEY),
+        spent=budget_accounts.c.spent + bindparam("b_spend", type_=_MONEY),
+        updated_at=func.clock_timestamp(),
+    )
+)
+
+# Records the task's scopes on its lease row (taking that row's lock first, as every path does). Matches only
+# if none are recorded yet or the same list is: a task never moves to other scopes, or its reservations would
+# be released on accounts that never held them.
+_SET_TASK_SCOPES: Final = (
+    update(task_leases)
+    .where(
+        task_leases.c.task_id == bindparam("b_task_id"),
+        (func.cardinality(task_leases.c.budget_scopes) == 0)
+        | (task_leases.c.budget_scopes == bindparam("b_scopes", type_=_SCOPES)),
+    )
+    .values(budget_scopes=bindparam("b_scopes", type_=_SCOPES))
+    .returning(task_leases.c.task_id)
+)
+_TASK_SCOPES: Final = select(task_leases.c.budget_scopes).where(
+    task_leases.c.task_id == bindparam("b_task_id")
+)
+
+# ON CONFLICT DO NOTHING: an existing account keeps its ceiling and totals (re-opening a task changes nothing,
+# and a project shared by many tasks is created once). It takes no lock on an existing row.
+_OPEN_ACCOUNT: Final = pg_insert(budget_accounts).on_conflict_do_nothing(
+    index_elements=[budget_accounts.c.scope]
+)
+
+_ceiling_insert = pg_insert(budget_accounts).values(
+    scope=bindparam("b_scope"), ceiling=bindparam("b_ceiling", type_=_MONEY)
+)
+# ON CONFLICT DO UPDATE: create or overwrite in one statement; it row-locks the one account it touches and
+# nothing else, so it cannot join a cycle.
+_SET_CEILING: Final = _ceiling_insert.on_conflict_do_update(
+    index_elements=[budget_accounts.c.scope],
+    set_={"ceiling": _ceiling_insert.excluded.ceiling, "updated_at": func.clock_timestamp()},
+)
+# NULL + amount is NULL: an unlimited scope stays unlimited. One row, one lock, as above.
+_RAISE_CEILING: Final = (
+    update(budget_accounts)
+    .where(budget_accounts.c.scope == bindparam("b_scope"))
+    .values(
+        ceiling=budget_accounts.c.ceiling + bindparam("b_amount", type_=_MONEY),
+        updated_at=func.clock_timestamp(),
+    )
+    .returning(budget_accounts.c.scope)
+)
+
+_ACCOUNT: Final = select(*_ACCOUNT_COLUMNS).where(budget_accounts.c.scope == bindparam("b_scope"))
+_ACCOUNTS: Final = select(*_ACCOUNT_COLUMNS).order_by(_BY_SCOPE)
+_ACCOUNTS_UNDER: Final = _ACCOUNTS.where(func.starts_with(budget_accounts.c.scope, bindparam("b_prefix")))
+
+# @> rather than = ANY(...): the containment operator is the one the GIN index on budget_scopes serves.
+_TASKS_IN_SCOPE: Final = (
+    select(task_leases.c.task_id)
+    .where(task_leases.c.budget_scopes.contains(bindparam("b_scope_list", type_=_SCOPES)))
+    .order_by(task_leases.c.created_at, task_leases.c.task_id)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """A budget scope's enforcement state: ``ceiling`` None means unlimited."""
+
+    scope: str
+    ceiling: Decimal | None
+    reserved: Decimal
+    spent: Decimal
+    updated_at: datetime
+
+    @property
+    def remaining(self) -> Decimal | None:
+        """``ceiling - spent - reserved`` (negative once actual spend passed the ceiling); None: unlimited."""
+        return None if self.ceiling is None else self.ceiling - self.spent - self.reserved
 
 
 class Recorder:
@@ -162,18 +331,27 @@ class Recorder:
 
     # --- writes ------------------------------------------------------------------------------------------
 
-    def append_fenced(self, task_id: str, epoch: int, events: Sequence[NewEvent]) -> list[StoredEvent]:
+    def append_fenced(
+        self, task_id: str, epoch: int, events: Sequence[NewEvent], *, reserve: Decimal = Decimal(0)
+    ) -> list[StoredEvent]:
         """Append ``events`` atomically with consecutive seqs, if ``epoch`` is still the task's current one.
 
-        An empty ``events`` still checks the fence.
+        An empty ``events`` still checks the fence. With ``reserve > 0`` the same transaction also reserves
+        that amount on every budget scope of the task, if it fits all of them (``ceiling IS NULL OR
+        spent + reserved + reserve <= ceiling``); otherwise nothing at all is written.
 
         Raises:
             TaskNotFound: The task has no lease.
             StaleEpoch: A newer run holds the task; nothing was written.
             DuplicateEvent: A dedup key of the batch is already stored (or repeats within the batch);
                 nothing was written.
+            BudgetRefused: ``reserve`` does not fit a scope (the first short one, in lock order); nothing was
+                written.
+            InvalidAmount: ``reserve`` is not a valid amount; nothing was written.
+            LedgerError: ``reserve > 0`` but the task has no budget accounts (``open_budget`` was not called).
             LedgerUnavailable: The database could not be reached; the write may or may not have committed.
         """
+        amount = _amount("reserve", reserve)
         keys = [e.dedup_key for e in events]
         if len(set(keys)) != len(keys):
             raise DuplicateEvent(next(k for i, k in enumerate(keys) if k in keys[:i]))
@@ -181,22 +359,27 @@ class Recorder:
         with _translated():
             try:
                 with self._engine.begin() as conn:
-                    next_seq = conn.execute(
-                        _RESERVE_FENCED, {"b_task_id": task_id, "b_epoch": epoch, "b_count": count}
-                    ).scalar_one_or_none()
-                    if next_seq is None:
+                    fence = conn.execute(
+                        _RESERVE_FENCED_SCOPES if amount else _RESERVE_FENCED,
+                        {"b_task_id": task_id, "b_epoch": epoch, "b_count": count},
+                    ).first()
+                    if fence is None:
                         # Error path only: tell a missing task from a stale epoch.
                         actual = conn.execute(_CURRENT_EPOCH, {"b_task_id": task_id}).scalar_one_or_none()
                         if actual is None:
                             raise TaskNotFound(task_id)
                         raise StaleEpoch(task_id, epoch, actual)
-                    if not events:
-                        return []
-                    first = next_seq - count
-                    rows = conn.execute(
-                        _INSERT_EVENTS,
-                        [_params(task_id, first + i, epoch, e) for i, e in enumerate(events)],
-                    ).all()
+                    first = fence[0] - count
+                    rows = (
+                        conn.execute(
+                            _INSERT_EVENTS,
+                            [_params(task_id, first + i, epoch, e) for i, e in enumerate(events)],
+                        ).all()
+                        if events
+                        else []
+                    )
+                    if amount:
+                        _reserve(conn, task_id, fence[1], amount)
             except sa_exc.IntegrityError as e:
                 if _constraint(e) != DEDUP_CONSTRAINT:
                     raise
@@ -204,8 +387,20 @@ class Recorder:
         # executemany with RETURNING does not promise row order; seq does.
         return sorted((_stored(r) for r in rows), key=lambda s: s.seq)
 
-    def append_idempotent(self, task_id: str, event: NewEvent) -> tuple[StoredEvent, bool]:
+    def append_idempotent(
+        self,
+        task_id: str,
+        event: NewEvent,
+        *,
+        release: Decimal = Decimal(0),
+        spend: Decimal = Decimal(0),
+    ) -> tuple[StoredEvent, bool]:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
+
+        If this call inserts the event, the same transaction settles on every budget scope of the task:
+        ``reserved -= release`` and ``spent += spend``. Actual spend is recorded as it is, even past the
+        ceiling.
+        A repeat settles nothing, so each settlement happens exactly once.
 
         Returns:
             ``(stored, True)`` if this call wrote it, ``(existing, False)`` if the dedup key was already there
@@ -215,15 +410,25 @@ class Recorder:
             TaskNotFound: The task has no lease.
             DuplicateEvent: The dedup key belongs to an event of another task: a key-construction bug, since
                 returning another task's fact as if it were this one's would hide it.
+            InvalidAmount: ``release`` or ``spend`` is not a valid amount; nothing was written.
+            LedgerError: ``release`` exceeds a scope's reservation, or there is something to settle but the
+                task has no budget accounts: caller bugs; nothing was written.
             LedgerUnavailable: The database could not be reached; the write may or may not have committed.
         """
+        to_release, to_spend = _amount("release", release), _amount("spend", spend)
+        settle = bool(to_release or to_spend)
         with _translated(), self._engine.connect() as conn:
-            reserved = conn.execute(_RESERVE_ONE, {"b_task_id": task_id}).first()
+            reserved = conn.execute(
+                _RESERVE_ONE_SCOPES if settle else _RESERVE_ONE, {"b_task_id": task_id}
+            ).first()
             if reserved is None:
                 raise TaskNotFound(task_id)
-            next_seq, epoch = reserved
+            next_seq, epoch = reserved[0], reserved[1]
             inserted = conn.execute(_INSERT_IDEMPOTENT, _params(task_id, next_seq - 1, epoch, event)).first()
             if inserted is not None:
+                if settle:
+                    # An error here leaves the transaction uncommitted: closing the connection rolls it back.
+                    _settle(conn, task_id, reserved[2], to_release, to_spend)
                 conn.commit()
                 return _stored(inserted), True
             # The key exists (ON CONFLICT waited for its writer to commit, so this new snapshot sees it).
@@ -236,6 +441,83 @@ class Recorder:
         if stored.task_id != task_id:
             raise DuplicateEvent(event.dedup_key)
         return stored, False
+
+    # --- money -------------------------------------------------------------------------------------------
+
+    def open_budget(self, task_id: str, scopes: Sequence[tuple[str, Decimal | None]]) -> None:
+        """Create the task's budget accounts if absent and record its scopes, outermost first. Idempotent.
+
+        ``scopes`` is e.g. ``[("project:P", None), ("episode:P/E", None), ("task:T", plan_ceiling)]``; a
+        ceiling applies only when the account is created (None: unlimited); an existing one is left as it is.
+
+        Raises:
+            TaskNotFound: The task has no lease (call ``take_lease`` first).
+            InvalidAmount: A ceiling is not a valid amount.
+            LedgerError: ``scopes`` is empty or repeats a scope, or the task already has other scopes.
+        """
+        names = [scope for scope, _ in scopes]
+        if not names or len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise LedgerError(
+                f"task {task_id!r}: budget scopes must be distinct non-empty names, got {names!r}"
+            )
+        rows = [
+            {"scope": scope, "ceiling": None if ceiling is None else _amount(f"ceiling of {scope}", ceiling)}
+            for scope, ceiling in sorted(scopes, key=lambda sc: sc[0])  # ascending, as _LOCK_ACCOUNTS
+        ]
+        with _translated(), self._engine.begin() as conn:
+            params = {"b_task_id": task_id, "b_scopes": names}
+            if conn.execute(_SET_TASK_SCOPES, params).first() is None:
+                recorded = conn.execute(_TASK_SCOPES, {"b_task_id": task_id}).scalar_one_or_none()
+                if recorded is None:
+                    raise TaskNotFound(task_id)
+                raise LedgerError(f"task {task_id!r} already draws on {recorded!r}, not {names!r}")
+            conn.execute(_OPEN_ACCOUNT, rows)
+
+    def set_ceiling(self, scope: str, ceiling: Decimal | None) -> None:
+        """Set the scope's ceiling (None: unlimited), creating its account if absent.
+
+        A ceiling below what is already spent and reserved is allowed: it refuses every further reservation.
+        """
+        value = None if ceiling is None else _amount("ceiling", ceiling)
+        with _translated(), self._engine.begin() as conn:
+            conn.execute(_SET_CEILING, {"b_scope": scope, "b_ceiling": value})
+
+    def raise_ceiling(self, scope: str, amount: Decimal) -> None:
+        """Add ``amount`` to the scope's ceiling (AddBudget); an unlimited scope stays unlimited.
+
+        Raises:
+            LedgerError: The scope has no account.
+        """
+        value = _amount("amount", amount)
+        with _translated(), self._engine.begin() as conn:
+            if conn.execute(_RAISE_CEILING, {"b_scope": scope, "b_amount": value}).first() is None:
+                raise LedgerError(f"no budget account {scope!r}")
+
+    def accounts(self, prefix: str | None = None) -> list[Account]:
+        """Every account, or those whose scope starts with ``prefix`` (literally), ordered by scope."""
+        with _translated(), self._reader.connect() as conn:
+            if prefix is None:
+                rows = conn.execute(_ACCOUNTS).all()
+            else:
+                rows = conn.execute(_ACCOUNTS_UNDER, {"b_prefix": prefix}).all()
+        return [Account(*r) for r in rows]
+
+    def account(self, scope: str) -> Account | None:
+        """The scope's account, if it exists."""
+        with _translated(), self._reader.connect() as conn:
+            row = conn.execute(_ACCOUNT, {"b_scope": scope}).first()
+        return None if row is None else Account(*row)
+
+    def task_scopes(self, task_id: str) -> list[str]:
+        """The task's budget scopes, outermost first; empty if it has none (or no lease)."""
+        with _translated(), self._reader.connect() as conn:
+            scopes: list[str] | None = conn.execute(_TASK_SCOPES, {"b_task_id": task_id}).scalar_one_or_none()
+        return [] if scopes is None else list(scopes)
+
+    def tasks_in_scope(self, scope: str) -> list[str]:
+        """Every task drawing on ``scope``, oldest first."""
+        with _translated(), self._reader.connect() as conn:
+            return list(conn.execute(_TASKS_IN_SCOPE, {"b_scope_list": [scope]}).scalars())
 
     # --- reads -------------------------------------------------------------------------------------------
 
@@ -256,7 +538,7 @@ class Recorder:
         return None if row is None else _stored(row)
 
     def preflight(self, task_id: str, dedup_key: str) -> tuple[int | None, StoredEvent | None]:
-        """One round trip for an executor: (the task's current epoch, the event under ``dedup_key`` if any)."""
+        """One round trip for an executor: (current epoch, the event under ``dedup_key`` if any)."""
         with _translated(), self._reader.connect() as conn:
             row = conn.execute(_PREFLIGHT, {"b_task_id": task_id, "b_dedup_key": dedup_key}).first()
         if row is None:
@@ -282,6 +564,57 @@ class Recorder:
         with self._reader.connect() as conn:
             found: str | None = conn.execute(_EXISTING_DEDUP_KEY, {"b_keys": keys}).scalar_one_or_none()
         return found if found is not None else keys[0]
+
+
+def _amount(name: str, value: object) -> Decimal:
+    """``value`` as money, or InvalidAmount.
+
+    A Decimal or int (not bool, str or float), finite, 0 to MAX_AMOUNT, and exact in the accounts' six
+    decimals (rounding would make an account differ from the events it is audited against).
+    """
+    if isinstance(value, bool) or not isinstance(value, Decimal | int):
+        raise InvalidAmount(name, value, f"must be a Decimal or an int, not {type(value).__name__}")
+    amount = Decimal(value)
+    if not amount.is_finite():
+        raise InvalidAmount(name, value, "must be finite")
+    if amount < 0:
+        raise InvalidAmount(name, value, "must not be negative")
+    if amount > MAX_AMOUNT:
+        raise InvalidAmount(name, value, f"must be at most {MAX_AMOUNT}")
+    if amount != amount.quantize(_QUANTUM):
+        raise InvalidAmount(name, value, f"must have at most {MONEY_SCALE} decimal places")
+    return amount
+
+
+def _lock_accounts(conn: Connection, task_id: str, scopes: list[str] | None) -> list[Account]:
+    """Lock the task's accounts (after its lease row), in the fixed order; every one must exist."""
+    if not scopes:
+        raise LedgerError(f"task {task_id!r} has no budget accounts (open_budget was never called for it)")
+    accounts = [Account(*r) for r in conn.execute(_LOCK_ACCOUNTS, {"b_scopes": scopes})]
+    if len(accounts) != len(scopes):
+        missing = sorted(set(scopes) - {a.scope for a in accounts})
+        raise LedgerError(f"task {task_id!r}: budget accounts {missing!r} are missing")
+    return accounts
+
+
+def _reserve(conn: Connection, task_id: str, scopes: list[str] | None, amount: Decimal) -> None:
+    """Reserve ``amount`` on every scope, or raise BudgetRefused for the first it does not fit."""
+    for a in _lock_accounts(conn, task_id, scopes):
+        if a.ceiling is not None and a.spent + a.reserved + amount > a.ceiling:
+            raise BudgetRefused(a.scope, a.ceiling, a.spent, a.reserved, amount)
+    conn.execute(_ADD_RESERVED, {"b_scopes": scopes, "b_amount": amount})
+
+
+def _settle(
+    conn: Connection, task_id: str, scopes: list[str] | None, release: Decimal, spend: Decimal
+) -> None:
+    """Move a reservation to actual spend on every scope; spend is never refused, whatever the ceiling."""
+    for a in _lock_accounts(conn, task_id, scopes):
+        if release > a.reserved:
+            raise LedgerError(
+                f"task {task_id!r}: releasing {release} on {a.scope} exceeds its reservation {a.reserved}"
+            )
+    conn.execute(_SETTLE, {"b_scopes": scopes, "b_release": release, "b_spend": spend})
 
 
 def _params(task_id: str, seq: int, epoch: int, event: NewEvent) -> dict[str, Any]:

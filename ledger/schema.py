@@ -4,6 +4,11 @@
 holds one row per task (never deleted) with the fencing ``epoch`` and the next ``seq`` to hand out.
 Append-only is enforced by triggers in the database, not by convention: UPDATE, DELETE and TRUNCATE of
 ``events`` raise, and so do DELETE and TRUNCATE of ``task_leases``.
+
+``budget_accounts`` is different: mutable enforcement state, one row per scope (``project:P``,
+``episode:P/E``, ``task:T``) with its ceiling and its reserved and spent totals, updated in the same
+transactions as the events that explain each change. The events stay the record; the audit compares the two.
+A task's scopes are listed, outermost first, in ``task_leases.budget_scopes``.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Numeric,
     Table,
     Text,
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 metadata: Final = MetaData()
 
@@ -39,8 +45,29 @@ task_leases: Final = Table(
     Column("next_seq", BigInteger, nullable=False, server_default=text("1")),
     Column("renewed_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
     Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    # The task's budget scopes, outermost first. Added after the first release: create_schema_on also adds it
+    # to an existing table (see _UPGRADES).
+    Column("budget_scopes", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     CheckConstraint("epoch >= 1", name="ck_task_leases_epoch_positive"),
     CheckConstraint("next_seq >= 1", name="ck_task_leases_next_seq_positive"),
+    # tasks_in_scope: which tasks draw on a scope (budget_scopes @> ARRAY[scope]).
+    Index("ix_task_leases_budget_scopes", "budget_scopes", postgresql_using="gin"),
+)
+
+# Money in micro-units: six decimals, up to 10^14 (MAX_AMOUNT is 10^9 per amount).
+MONEY_SCALE: Final = 6
+
+budget_accounts: Final = Table(
+    "budget_accounts",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("ceiling", Numeric(20, MONEY_SCALE, asdecimal=True), nullable=True),  # NULL = unlimited
+    Column("reserved", Numeric(20, MONEY_SCALE, asdecimal=True), nullable=False, server_default=text("0")),
+    Column("spent", Numeric(20, MONEY_SCALE, asdecimal=True), nullable=False, server_default=text("0")),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    CheckConstraint("reserved >= 0", name="ck_budget_accounts_reserved_non_negative"),
+    CheckConstraint("spent >= 0", name="ck_budget_accounts_spent_non_negative"),
+    CheckConstraint("ceiling >= 0", name="ck_budget_accounts_ceiling_non_negative"),
 )
 
 events: Final = Table(
@@ -84,6 +111,16 @@ _TRIGGERS: Final = (
 )
 
 
+# In-place upgrades of databases created by an earlier release; each is a no-op once applied. create_all
+# (checkfirst) skips an existing table whole, so a column or index added to one later must be added here too.
+# ALTER TABLE takes an ACCESS EXCLUSIVE lock on task_leases for an instant (a constant default rewrites no
+# row), even when the column exists; create_schema runs once per process start.
+_UPGRADES: Final = (
+    "ALTER TABLE task_leases ADD COLUMN IF NOT EXISTS budget_scopes text[] NOT NULL DEFAULT '{}'",
+    "CREATE INDEX IF NOT EXISTS ix_task_leases_budget_scopes ON task_leases USING gin (budget_scopes)",
+)
+
+
 def create_schema_on(conn: Connection) -> None:
     """Create the tables, the refusing function and its triggers on ``conn``, inside its transaction.
 
@@ -93,6 +130,8 @@ def create_schema_on(conn: Connection) -> None:
     # function ("tuple concurrently updated"); the xact lock serializes them and is released at commit.
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
     metadata.create_all(conn, checkfirst=True)
+    for statement in _UPGRADES:
+        conn.execute(text(statement))
     conn.execute(text(_REFUSE_FUNCTION))
     for name, timing in _TRIGGERS:
         table = timing.rsplit(" ", 1)[1]

@@ -13,6 +13,7 @@ import json
 import sys
 import uuid
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -23,7 +24,7 @@ from ledger.errors import LedgerError
 from ledgerflow import client as lf
 from ledgerflow.config import ConfigError, get_settings
 from ledgerflow.stack import StackError
-from rules.plan import PlanError
+from rules.plan import PlanError, parse_amount
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Trustworthy orchestration of paid pipelines."
@@ -173,6 +174,59 @@ def demo(
     from ledgerflow.demo import run_demo
 
     raise typer.Exit(run_demo(get_settings(), _read(plan), out))
+
+
+budget_app = typer.Typer(no_args_is_help=True, help="Budget accounts: project ⊃ episode ⊃ task.")
+app.add_typer(budget_app, name="budget")
+
+
+@budget_app.command("set")
+@friendly
+def budget_set(
+    scope: Annotated[str, typer.Argument(help="project:NAME, episode:PROJECT/EPISODE or task:ID")],
+    amount: Annotated[str, typer.Argument(help="the ceiling, or 'unlimited'")],
+) -> None:
+    """Set a scope's ceiling (reservations already admitted stay admitted)."""
+    from ledgerflow.money import parse_scope, set_ceiling
+
+    ceiling = None if amount.strip().lower() == "unlimited" else _amount(amount)
+    account = set_ceiling(get_settings(), parse_scope(scope), ceiling)
+    out.print(f"{account.scope}: ceiling {account.ceiling if account.ceiling is not None else 'unlimited'}")
+
+
+@budget_app.command("show")
+@friendly
+def budget_show(
+    scope: Annotated[str | None, typer.Argument(help="a scope; its children are listed too")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Show ceiling, reserved, spent and remaining, for a scope and every scope under it."""
+    from ledgerflow.money import accounts_table, show
+
+    rows = show(get_settings(), scope)
+    if as_json:
+        out.print_json(json.dumps([r.as_json() for r in rows]))
+    else:
+        out.print(accounts_table(rows))
+
+
+@app.command()
+@friendly
+def audit(task_id: str) -> None:
+    """Check the task's budget accounts equal the fold of its events; exit 1 if not."""
+    from ledgerflow.money import audit_report
+
+    ok, table = audit_report(get_settings(), task_id)
+    out.print(table)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _amount(text: str) -> Decimal:
+    try:
+        return parse_amount(text)
+    except ValueError as e:
+        raise lf.ClientError(f"amount {text[:40]!r} {e}") from None
 
 
 def main() -> None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from rules.plan import INFERENCE_RESERVE
 from rules.projection import Projection
 
-# What the rules set aside for inference they have not yet paid for (one LLM decision or review call),
-# so a dispatch can never consume the money the review of its own output will need.
-INFERENCE_RESERVE = Decimal("0.05")
+__all__ = ["INFERENCE_RESERVE", "admits", "headroom"]
 
 
 def headroom(p: Projection) -> Decimal:

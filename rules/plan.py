@@ -29,6 +29,9 @@ _ID_RE: Final = re.compile(ID_PATTERN)
 MAX_AMOUNT: Final = Decimal("1000000000")  # one billion: anything larger is a typo or an attack
 MAX_FAN_OUT: Final = 500
 MAX_STAGES: Final = 200
+# What admission sets aside for inference not yet paid for (one LLM decision or review call), so a dispatch
+# can never consume the money the review of its own output will need.
+INFERENCE_RESERVE: Final = Decimal("0.05")
 COMPOSE: Final = "compose"
 REVIEW: Final = "review"
 FRAMEWORK_STAGES: Final = (COMPOSE, REVIEW)
@@ -306,17 +309,30 @@ def find_cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:
     return None
 
 
+def budget_scopes(plan: Plan, task_id: str) -> list[tuple[str, Decimal | None]]:
+    """The budget accounts a task draws on, outermost first: project ⊃ episode ⊃ task.
+
+    Only the task's own ceiling comes from the plan; project and episode ceilings are set by an operator
+    (``ledgerflow budget set``) and are unlimited until then.
+    """
+    scopes: list[tuple[str, Decimal | None]] = [(f"project:{plan.project}", None)]
+    if plan.episode is not None:
+        scopes.append((f"episode:{plan.project}/{plan.episode}", None))
+    scopes.append((f"task:{task_id}", plan.budget_ceiling))
+    return scopes
+
+
 def estimated_total(plan: Plan) -> Decimal:
     """The sum of every node's estimate (fan-out multiplies), framework stages included."""
     return sum((s.estimate * max(1, len(s.items())) for s in plan.all_stages()), Decimal(0))
 
 
 def _check_budget(plan: Plan) -> None:
-    total = estimated_total(plan)
+    total = estimated_total(plan) + INFERENCE_RESERVE
     if plan.budget_ceiling < total:
         raise PlanError(
-            f"plan: budget_ceiling {plan.budget_ceiling} is below the plan's estimated total {total}: "
-            "the task could never finish"
+            f"plan: budget_ceiling {plan.budget_ceiling} is below the plan's estimated total {total} "
+            f"(estimates + {INFERENCE_RESERVE} inference reserve): the task could never finish"
         )
 
 

@@ -148,6 +148,7 @@ class Projection:
     ceiling: Decimal = Decimal(0)
     spent: Decimal = Decimal(0)
     reserved: Decimal = Decimal(0)
+    reservations: dict[str, Decimal] = field(default_factory=dict)  # operation key -> outstanding reservation
     inference_spent: Decimal = Decimal(0)
     review: ReviewView | None = None
     rework_rounds: int = 0
@@ -312,6 +313,7 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
             node.retry_at = None
             node.job_id = None
             node.reserved = e.reservation
+            p.reservations[d.operation_key] = e.reservation
             p.reserved += e.reservation
         case StaticGate() as g:
             p.nodes[g.node].gate_pending = g.input_version
@@ -366,8 +368,8 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
                 r.applied = True
     elif e.kind == MarkerKind.VOID and e.node in p.nodes:
         node = p.nodes[e.node]
-        if e.operation_key == node.operation_key and node.in_flight:
-            _release(p, node)
+        if e.operation_key is not None and e.operation_key == node.operation_key and node.in_flight:
+            _release(p, node, e.operation_key)
             node.status = NodeStatus.PENDING
             node.attempts -= 1  # the voided attempt never reached the vendor: it does not count
     elif e.kind == MarkerKind.COST_ANOMALY:
@@ -414,15 +416,16 @@ def _grant(p: Projection, r: RequestView, decision: HumanDecisionType) -> None:
 
 
 def _settle(p: Projection, node: NodeView, operation_key: str, actual: Decimal) -> None:
-    if operation_key == node.operation_key and node.in_flight:
-        _release(p, node)
+    """An operation's result: its reservation is released and its actual cost spent (as the ledger does)."""
+    _release(p, node, operation_key)
     _spend(p, node, actual)
 
 
-def _release(p: Projection, node: NodeView) -> None:
-    p.reserved -= node.reserved
-    node.reserved = Decimal(0)
-    node.in_flight = False
+def _release(p: Projection, node: NodeView, operation_key: str) -> None:
+    p.reserved -= p.reservations.pop(operation_key, Decimal(0))
+    if operation_key == node.operation_key:
+        node.reserved = Decimal(0)
+        node.in_flight = False
 
 
 def _spend(p: Projection, node: NodeView | None, amount: Decimal, *, inference: bool = False) -> None:

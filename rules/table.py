@@ -49,7 +49,7 @@ def operation_key(task_id: str, node: str, attempt: int) -> str:
     return f"{task_id}:{node}:a{attempt}"
 
 
-def _escalate(p: Projection, reason: str, *, now: datetime, node: str | None = None) -> Escalate:
+def _escalate(p: Projection, reason: str, *, node: str | None = None) -> Escalate:
     """A semi-terminal escalation: the task stops and a person may resume it."""
     n = sum(1 for r in p.requests.values() if r.request.kind == RequestKind.ESCALATION) + 1
     request = HumanRequest(
@@ -143,7 +143,7 @@ def _timeout_then(p: Projection, now: datetime) -> Action:
     reason = f"{req.kind.value} request {rid} timed out"
     if req.timeout_policy == TimeoutPolicy.ABORT:
         return Escalate(reason=f"{reason}: policy abort", terminal=True, resolves=rid)
-    esc = _escalate(p, f"{reason}: policy escalate", now=now, node=req.node)
+    esc = _escalate(p, f"{reason}: policy escalate", node=req.node)
     return esc.model_copy(update={"resolves": rid})
 
 
@@ -153,7 +153,7 @@ def _budget_when(p: Projection, now: datetime) -> bool:
 
 
 def _budget_then(p: Projection, now: datetime) -> Action:
-    return _escalate(p, f"budget exhausted: spent {p.spent} of {p.ceiling}", now=now)
+    return _escalate(p, f"budget exhausted: spent {p.spent} of {p.ceiling}")
 
 
 # R8 ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -252,7 +252,7 @@ def _rework_when(p: Projection, now: datetime) -> bool:
 def _rework_then(p: Projection, now: datetime) -> Action:
     assert p.review is not None
     if p.rework_rounds >= p.plan.rework_limit + p.rework_allowance:
-        return _escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached", now=now)
+        return _escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached")
     flagged = [f for f in p.review.flagged if f in p.nodes] or [REVIEW]
     target, invalid = p.graph.rollback_target(flagged)
     ordered = tuple(sorted(invalid, key=lambda n: p.graph.nodes[n].order))
@@ -332,6 +332,11 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
     return _dispatch_or_escalate(p, n, reason, now)
 
 
+def budget_refused(p: Projection, node: str, why: str) -> Escalate:
+    """The escalation when the ledger refuses a dispatch's reservation on a scope above the task."""
+    return _escalate(p, f"pre-dispatch budget insufficient for {node}: {why}", node=node)
+
+
 def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime) -> Action:
     stage = p.graph.nodes[n.id].stage
     if not admits(p, stage.estimate):
@@ -339,7 +344,6 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
             p,
             f"pre-dispatch budget insufficient for {n.id}: needs {stage.estimate}, "
             f"spent {p.spent} + reserved {p.reserved} of {p.ceiling}",
-            now=now,
             node=n.id,
         )
     attempt = n.attempts + 1

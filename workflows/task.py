@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel
@@ -51,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from rules.llm import ALLOWED_LLM_ACTIONS, check_llm_action
     from rules.plan import Plan
     from rules.projection import Projection, apply, fold, summary
-    from rules.table import decide
+    from rules.table import budget_refused, decide
 
 LEDGER_TIMEOUT = timedelta(seconds=30)
 LEDGER_RETRY = RetryPolicy(
@@ -121,17 +122,21 @@ class TaskWorkflow:
             if isinstance(action, Wait):
                 await self._wait(p, action)
                 continue
-            await self._record(p, rule, action)
-            self._act(p, action)
+            recorded = await self._record(p, rule, action)
+            self._act(p, recorded)
         alarm.cancel()
         for task in self._running.values():
             task.cancel()  # a terminal task stops its in-flight work (R1/R2/R4)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
 
     # ── recording ────────────────────────────────────────────────────────────────────────────────────
-    async def _record(self, p: Projection, rule: str, action: Action) -> None:
-        """Write the INTENT (and, for event-only actions, its effect) in one fenced transaction."""
-        reservation = action.estimate if isinstance(action, Dispatch) else 0
+    async def _record(self, p: Projection, rule: str, action: Action) -> Action:
+        """Write the INTENT (and, for event-only actions, its effect) in one fenced transaction.
+
+        Returns the action actually recorded, which is the one to act on: a dispatch whose reservation the
+        ledger refuses becomes an escalation, and the dispatch is never acted on.
+        """
+        reservation = action.estimate if isinstance(action, Dispatch) else Decimal(0)
         intent = Intent(
             action=action,
             rule=rule,
@@ -160,11 +165,18 @@ class TaskWorkflow:
                     resolves=action.resolves,
                 )
                 events.append(to_new(esc, dedup_key=f"{key}:escalation"))
-        new = await self._ledger(
-            "ledger.append",
-            AppendInput(task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark),
+        append = AppendInput(
+            task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark, reserve=reservation
         )
+        try:
+            new = await self._ledger("ledger.append", append)
+        except _BudgetRefused as refused:
+            # A scope above the task (episode, project) is short: the INTENT was not written and nothing was
+            # reserved. Stop and ask a person instead (AddBudget + Resume continues).
+            assert isinstance(action, Dispatch)
+            return await self._record(p, rule, budget_refused(p, action.node, str(refused)))
         self._apply(p, new)
+        return action
 
     def _apply(self, p: Projection, raw: list[dict[str, Any]]) -> None:
         for e in raw:
@@ -175,8 +187,11 @@ class TaskWorkflow:
             return await workflow.execute_local_activity(
                 name, arg, start_to_close_timeout=LEDGER_TIMEOUT, retry_policy=LEDGER_RETRY
             )
-        except ActivityError as e:
-            cause = e.cause
+        except (ActivityError, ApplicationError) as e:
+            # A local activity's failure arrives as the ApplicationError itself (no ActivityError wrapper).
+            cause = e.cause if isinstance(e, ActivityError) else e
+            if isinstance(cause, ApplicationError) and cause.type == "BudgetRefused":
+                raise _BudgetRefused(cause.message) from e
             if isinstance(cause, ApplicationError) and cause.type == "StaleEpoch":
                 # Another run took this task over: this run must stop acting at once.
                 raise ApplicationError(
@@ -184,8 +199,9 @@ class TaskWorkflow:
                 ) from e
             raise
 
-    async def _mark(self, p: Projection, event: NewEvent) -> None:
-        new = await self._ledger("ledger.mark", MarkInput(task_id=p.task_id, event=event, after=p.watermark))
+    async def _mark(self, p: Projection, event: NewEvent, *, release: Decimal = Decimal(0)) -> None:
+        mark = MarkInput(task_id=p.task_id, event=event, after=p.watermark, release=release)
+        new = await self._ledger("ledger.mark", mark)
         self._apply(p, new)
 
     # ── acting ───────────────────────────────────────────────────────────────────────────────────────
@@ -204,7 +220,7 @@ class TaskWorkflow:
                 input={**stage.input, **({"item": item} if item else {})},
             )
             activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")
-            self._start(action.operation_key, action.node, activity, inp)
+            self._start(action.operation_key, action.node, activity, inp, action.estimate)
         elif isinstance(action, StaticGate):
             gate = GateInput(
                 task_id=p.task_id,
@@ -212,12 +228,14 @@ class TaskWorkflow:
                 operation_key=action.operation_key,
                 input_version=action.input_version,
             )
-            self._start(action.operation_key, action.node, "gate.run", gate)
+            self._start(action.operation_key, action.node, "gate.run", gate, Decimal(0))
 
-    def _start(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
-        self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg))
+    def _start(self, op_key: str, node: str, activity: str, arg: BaseModel, reserved: Decimal) -> None:
+        self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg, reserved))
 
-    async def _execute(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
+    async def _execute(
+        self, op_key: str, node: str, activity: str, arg: BaseModel, reserved: Decimal
+    ) -> None:
         """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
         try:
             result = await workflow.execute_activity(
@@ -235,7 +253,8 @@ class TaskWorkflow:
             failure = Failure(
                 node=node, operation_key=op_key, kind=FailureKind.TECHNICAL, error=_error_text(e)
             )
-            await self._mark(self._p, to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key))
+            result = to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key)
+            await self._mark(self._p, result, release=reserved)
         finally:
             self._running.pop(op_key, None)
             self._woken = True
@@ -305,6 +324,10 @@ class TaskWorkflow:
             deadline=None,
         )
         return "LLM", SuspendForHuman(request=request)
+
+
+class _BudgetRefused(Exception):
+    """The ledger refused a reservation on a budget scope (raised inside this workflow only)."""
 
 
 def _error_text(e: ActivityError) -> str:

@@ -54,7 +54,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
         ("goal: [unclosed\n", ("not valid YAML",)),
         (
             GOOD
-            + "  - {id: a, executor: llm.text, depends_on: [b]}\n  - {id: b, executor: llm.text, depends_on: [a]}\n",
+            + "  - {id: a, executor: llm.text, depends_on: [b]}\n"
+            + "  - {id: b, executor: llm.text, depends_on: [a]}\n",
             ("dependency cycle", "a -> b -> a"),
         ),
     ],
