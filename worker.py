@@ -25,6 +25,7 @@ from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from ledger.recorder import Recorder
 from ledgerflow.config import Settings, get_settings
+from reconcile.operations import VendorMode
 from vendors.http import HttpJobVendor
 from workflows.task import TaskWorkflow
 
@@ -51,7 +52,10 @@ async def build_worker(
         Decimal(settings.llm_price_per_1k_tokens),
     )
     ledger = LedgerActivities(recorder)
-    stages = StageActivities(recorder, vendor, store, settings.poll_interval_seconds)
+    store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
+    stages = StageActivities(
+        recorder, vendor, store, settings.poll_interval_seconds, VendorMode(settings.vendor_mode)
+    )
     review = ReviewActivities(recorder, store, chat)
     llm = LlmActivities(recorder, chat)
     executor = ThreadPoolExecutor(max_workers=64)

@@ -11,6 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from ledgerflow.faults import mark
+
 
 class ArtifactCorrupt(Exception):
     """The bytes did not hash to what the vendor promised."""
@@ -21,7 +23,7 @@ class LocalArtifactStore:
         self.root = root
         (root / "tmp").mkdir(parents=True, exist_ok=True)
 
-    def put(self, data: bytes, expected_sha256: str) -> str:
+    def put(self, data: bytes, expected_sha256: str, operation_key: str = "") -> str:
         """Store ``data`` atomically under its hash and return its URI."""
         digest = hashlib.sha256(data).hexdigest()
         if digest != expected_sha256:
@@ -38,6 +40,7 @@ class LocalArtifactStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            mark("artifact_staged", op=operation_key, tmp=Path(tmp).name)
             os.replace(tmp, final)  # atomic on one filesystem: readers see no file or the whole file
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

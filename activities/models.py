@@ -19,6 +19,7 @@ class StageInput(BaseModel):
     executor: str
     estimate: Decimal
     input: dict[str, Any] = {}
+    stall_after: float = 600.0  # seconds without progress before the watchdog cancels the job
 
 
 class GateInput(BaseModel):

@@ -1,15 +1,17 @@
 """The paid executor: one business attempt of one node at a "submit, then poll" vendor.
 
-Life of an operation: INTENT (already fenced by the workflow) → submit with the OperationKey as the vendor's
-idempotency key → Progress(job id) → poll, heartbeating the job id → artifact fetched, hash-verified, stored
-atomically → Outcome(actual cost). Every write is idempotent on a key derived from the OperationKey, and the
-result key ``{op}:result`` is shared by Outcome and Failure, so one operation has exactly one result.
+Life of an operation: INTENT (already fenced by the workflow) → reconcile (``reconcile.operations``) →
+submit with the OperationKey as the vendor's idempotency key → Progress(job id) → poll, heartbeating the job
+id, under the stall watchdog → artifact fetched, hash-verified, stored atomically → Outcome(actual cost).
+Every write is idempotent on a key derived from the OperationKey, and ``{op}:result`` is shared by Outcome,
+Failure and the void marker, so one operation has exactly one resolution, settled exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -19,6 +21,9 @@ from temporalio.exceptions import ApplicationError
 from activities.artifacts import ArtifactCorrupt, LocalArtifactStore
 from activities.models import StageInput
 from ledger.recorder import Recorder
+from ledgerflow.faults import mark
+from reconcile.operations import Next, VendorMode, operation_state, reconcile
+from reconcile.watchdog import StallWatch
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import (
     ArtifactRef,
@@ -42,12 +47,18 @@ from vendors.http import HttpJobVendor, JobStatus, VendorJob
 
 class StageActivities:
     def __init__(
-        self, recorder: Recorder, vendor: HttpJobVendor, store: LocalArtifactStore, poll_interval: float
+        self,
+        recorder: Recorder,
+        vendor: HttpJobVendor,
+        store: LocalArtifactStore,
+        poll_interval: float,
+        mode: VendorMode = VendorMode.IDEMPOTENT,
     ):
         self.recorder = recorder
         self.vendor = vendor
         self.store = store
         self.poll_interval = poll_interval
+        self.mode = mode
 
     async def _write(
         self, task_id: str, event: NewEvent, *, release: Decimal = Decimal(0), spend: Decimal = Decimal(0)
@@ -59,7 +70,7 @@ class StageActivities:
 
     @activity.defn(name="stage.run")
     async def run(self, inp: StageInput) -> StoredEvent:
-        """Run the attempt; returns the recorded result event (the ledger's copy, for the loop to fold)."""
+        """Run (or resume) the attempt; returns its recorded resolution, the ledger's copy, for the loop."""
         key = inp.operation_key
         epoch, settled = await asyncio.to_thread(self.recorder.preflight, inp.task_id, f"{key}:result")
         if settled is not None:
@@ -70,11 +81,14 @@ class StageActivities:
                 f"epoch {inp.epoch} is stale (current {epoch})", type="StaleEpoch", non_retryable=True
             )
         try:
-            job = await self._submit_or_resume(inp)
+            job = await self._reconcile_and_submit(inp)
+            if isinstance(job, StoredEvent):
+                return job  # voided, or the outcome is unknown: the loop decides what follows
             if job.status == JobStatus.RUNNING:
-                job = await self.vendor.wait(
-                    job.id, poll_interval=self.poll_interval, on_poll=lambda j: activity.heartbeat(j.id)
-                )
+                job = await self._poll(inp, job)
+            if job.status == JobStatus.RUNNING:  # the watchdog gave up on it
+                return await self._stalled(inp, job)
+            mark("vendor_completed", op=key, job=job.id)
             return await self._settle(inp, job)
         except VendorRateLimited as e:
             raise ApplicationError(
@@ -89,22 +103,98 @@ class StageActivities:
                 f"vendor rejected the request: {e}", type="VendorRejected", non_retryable=True
             ) from e
 
-    async def _submit_or_resume(self, inp: StageInput) -> VendorJob:
+    async def _reconcile_and_submit(self, inp: StageInput) -> VendorJob | StoredEvent:
+        key = inp.operation_key
         details = activity.info().heartbeat_details
-        if details:
-            # A retry of this activity: resume polling the job we already have instead of submitting.
-            return await self.vendor.get(str(details[0]))
+        heartbeat_job = str(details[0]) if details else None
+        if self.mode == VendorMode.IDEMPOTENT and heartbeat_job is None:
+            state = None  # resubmitting under the key is the lookup: no need to read the operation's history
+        else:
+            events = await asyncio.to_thread(self.recorder.events_by_operation_key, key)
+            state = operation_state(events)
+        if state is not None:
+            decision = await reconcile(self.vendor, self.mode, key, state, heartbeat_job)
+            if decision.next == Next.RESUME:
+                assert decision.job is not None
+                if decision.job.id != state.job_id:
+                    await self._progress(inp, decision.job)
+                return decision.job
+            if decision.next == Next.VOID:
+                return await self._void(inp, decision.why)
+            if decision.next == Next.UNKNOWN:
+                return await self._unknown(inp, decision.why)
+            if self.mode != VendorMode.IDEMPOTENT:
+                # Write-ahead: after a crash, this marker is what tells "maybe sent" from "never sent".
+                marker = SystemMarker(kind=MarkerKind.SUBMITTING, node=inp.node, operation_key=key)
+                await self._write(
+                    inp.task_id, to_new(marker, dedup_key=f"{key}:submitting", operation_key=key)
+                )
+        mark("submitting", op=key)
         job = await self.vendor.submit(
-            operation_key=inp.operation_key, executor=inp.executor, input=inp.input, estimate=inp.estimate
+            operation_key=key, executor=inp.executor, input=inp.input, estimate=inp.estimate
         )
+        mark("vendor_accepted", op=key, job=job.id)
         activity.heartbeat(job.id)
         if job.status == JobStatus.RUNNING:
-            progress = Progress(node=inp.node, operation_key=inp.operation_key, job_id=job.id)
-            await self._write(
-                inp.task_id,
-                to_new(progress, dedup_key=f"{inp.operation_key}:progress", operation_key=inp.operation_key),
-            )
+            await self._progress(inp, job)
         return job
+
+    async def _progress(self, inp: StageInput, job: VendorJob) -> None:
+        progress = Progress(
+            node=inp.node, operation_key=inp.operation_key, job_id=job.id, progress=job.progress
+        )
+        key = inp.operation_key
+        await self._write(
+            inp.task_id, to_new(progress, dedup_key=f"{key}:progress:{job.id}", operation_key=key)
+        )
+        mark("progress_recorded", op=key, job=job.id)
+
+    async def _poll(self, inp: StageInput, job: VendorJob) -> VendorJob:
+        """Poll until the job ends or stalls, heartbeating its id: a retry resumes it, never resubmits."""
+        watch = StallWatch(inp.stall_after)
+        mark("polling", op=inp.operation_key, job=job.id)
+        while job.status == JobStatus.RUNNING:
+            activity.heartbeat(job.id)
+            if watch.stalled(job.progress, time.monotonic()):
+                return job
+            await asyncio.sleep(self.poll_interval)
+            job = await self.vendor.get(job.id)
+        return job
+
+    async def _stalled(self, inp: StageInput, job: VendorJob) -> StoredEvent:
+        """Cancel a stalled job at the vendor and record the failure with what it cost so far."""
+        cancelled = await self.vendor.cancel(job.id)
+        failure = Failure(
+            node=inp.node,
+            operation_key=inp.operation_key,
+            kind=FailureKind.STALLED,
+            error=f"no progress for {inp.stall_after:g}s at {cancelled.progress:.0%}: cancelled job {job.id}",
+            actual_cost=cancelled.cost,
+        )
+        return await self._resolve(inp, failure, spend=cancelled.cost)
+
+    async def _void(self, inp: StageInput, why: str) -> StoredEvent:
+        marker = SystemMarker(
+            kind=MarkerKind.VOID, node=inp.node, operation_key=inp.operation_key, detail=why
+        )
+        return await self._resolve(inp, marker, spend=Decimal(0))
+
+    async def _unknown(self, inp: StageInput, why: str) -> StoredEvent:
+        key = inp.operation_key
+        anomaly = SystemMarker(
+            kind=MarkerKind.COST_ANOMALY,
+            node=inp.node,
+            operation_key=key,
+            detail=f"possible duplicate charge: {why}",
+        )
+        await self._write(inp.task_id, to_new(anomaly, dedup_key=f"{key}:cost_anomaly", operation_key=key))
+        failure = Failure(
+            node=inp.node,
+            operation_key=key,
+            kind=FailureKind.UNKNOWN_OUTCOME,
+            error=f"the vendor cannot say whether {key} ran ({why}); not resubmitted",
+        )
+        return await self._resolve(inp, failure, spend=Decimal(0))
 
     async def _settle(self, inp: StageInput, job: VendorJob) -> StoredEvent:
         key = inp.operation_key
@@ -113,7 +203,7 @@ class StageActivities:
             try:
                 data = await self.vendor.fetch_result(job)
                 assert job.result is not None
-                uri = await asyncio.to_thread(self.store.put, data, job.result.sha256)
+                uri = await asyncio.to_thread(self.store.put, data, job.result.sha256, key)
             except (ArtifactHashMismatch, ArtifactCorrupt) as e:
                 event = Failure(
                     node=inp.node,
@@ -133,9 +223,7 @@ class StageActivities:
                 kind = FailureKind.CONTENT
             message = job.error.message if job.error is not None else f"job {job.id} ended {job.status}"
             event = Failure(node=inp.node, operation_key=key, kind=kind, error=message, actual_cost=job.cost)
-        result = to_new(event, dedup_key=f"{key}:result", operation_key=key)
-        # The result settles the attempt's reservation at the actual cost, in the same transaction, once.
-        stored = await self._write(inp.task_id, result, release=inp.estimate, spend=job.cost)
+        stored = await self._resolve(inp, event, spend=job.cost)
         if job.cost > inp.estimate:
             # Recorded as it is, never hidden or blocked: a marker flags it for people and the audit.
             anomaly = SystemMarker(
@@ -147,6 +235,20 @@ class StageActivities:
             await self._write(
                 inp.task_id, to_new(anomaly, dedup_key=f"{key}:cost_anomaly", operation_key=key)
             )
+        return stored
+
+    async def _resolve(
+        self, inp: StageInput, event: Outcome | Failure | SystemMarker, *, spend: Decimal
+    ) -> StoredEvent:
+        """Write the operation's one resolution, settling its reservation at the actual cost, once."""
+        key = inp.operation_key
+        stored = await self._write(
+            inp.task_id,
+            to_new(event, dedup_key=f"{key}:result", operation_key=key),
+            release=inp.estimate,
+            spend=spend,
+        )
+        mark("outcome_recorded", op=key, type=stored.type)
         return stored
 
 

@@ -398,9 +398,8 @@ class Recorder:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
 
         If this call inserts the event, the same transaction settles on every budget scope of the task:
-        ``reserved -= release`` and ``spent += spend``. Actual spend is recorded as it is, even past the
-        ceiling.
-        A repeat settles nothing, so each settlement happens exactly once.
+        ``reserved -= release`` and ``spent += spend``; actual spend is recorded as it is, even past the
+        ceiling. A repeat settles nothing, so each settlement happens exactly once.
 
         Returns:
             ``(stored, True)`` if this call wrote it, ``(existing, False)`` if the dedup key was already there

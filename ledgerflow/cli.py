@@ -136,6 +136,46 @@ def submit(
 
 @app.command()
 @friendly
+def resume(
+    task_id: str,
+    wait: Annotated[bool, typer.Option("--wait", help="wait for the task to finish")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Take a task over from the ledger alone, after its workflow was terminated or lost."""
+    result = asyncio.run(lf.resume(get_settings(), task_id, wait=wait))
+    if as_json:
+        out.print_json(json.dumps(result, default=str))
+    elif wait:
+        out.print(
+            f"task {task_id}: {result['state']}  spent {result.get('spent')} of {result.get('ceiling')}"
+        )
+    else:
+        out.print(f"resumed task {task_id} (workflow {result['workflow_id']}, run {result['run_id']})")
+    if wait and result.get("state") != "Completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def reconcile(
+    apply: Annotated[bool, typer.Option("--apply", help="resume them (default: only list)")] = False,
+) -> None:
+    """Find unfinished tasks whose workflow is not running; with --apply, resume each from the ledger."""
+    settings = get_settings()
+    orphans = asyncio.run(lf.open_tasks_without_a_run(settings))
+    if not orphans:
+        out.print("every unfinished task has a running workflow")
+        return
+    for task_id in orphans:
+        if apply:
+            result = asyncio.run(lf.resume(settings, task_id))
+            out.print(f"resumed {task_id} (run {result['run_id']})")
+        else:
+            out.print(f"orphaned: {task_id}")
+
+
+@app.command()
+@friendly
 def status(
     task_id: str, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
 ) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from ledger.recorder import Recorder
 from ledgerflow.config import Settings
@@ -56,7 +56,9 @@ async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = F
     try:
         handle = await client.start_workflow(
             TaskWorkflow.run,
-            TaskInput(task_id=task_id, plan=plan),
+            TaskInput(
+                task_id=task_id, plan=plan, heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds
+            ),
             id=workflow_id(task_id),
             task_queue=settings.task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -75,6 +77,65 @@ async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = F
     except WorkflowFailureError as e:
         return {"task_id": task_id, "workflow_id": handle.id, "state": "Failed", "error": str(e.cause or e)}
     return {"workflow_id": handle.id, **result.summary}
+
+
+async def resume(settings: Settings, task_id: str, *, wait: bool = False) -> dict[str, Any]:
+    """Start a new run for a task whose workflow is gone, from the ledger alone (takeover).
+
+    The plan comes from the task's TaskCreated event; the new run takes a new fencing epoch (so anything left
+    of an old run is fenced off), folds the ledger and resumes every open operation through reconciliation.
+    """
+    rows = events(settings, task_id)
+    projection = fold(rows)
+    if projection.terminal:
+        raise ClientError(f"task {task_id!r} is already {projection.state.value}; nothing to resume")
+    client = await connect(settings)
+    handle = client.get_workflow_handle(workflow_id(task_id))
+    try:
+        described = await handle.describe()
+        if described.status == WorkflowExecutionStatus.RUNNING:
+            raise ClientError(f"task {task_id!r} is running (workflow {handle.id}); nothing to resume")
+    except RPCError as e:
+        if e.status != RPCStatusCode.NOT_FOUND:
+            raise ClientError(f"Temporal refused to describe {handle.id}: {e.message}") from None
+    plan = projection.plan.model_copy(update={"task_id": task_id})
+    new = await client.start_workflow(
+        TaskWorkflow.run,
+        TaskInput(task_id=task_id, plan=plan, heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds),
+        id=workflow_id(task_id),
+        task_queue=settings.task_queue,
+        # The old run is closed (terminated, failed, timed out) or unknown to this namespace: a new run of the
+        # same task id is what takeover means. A running one is refused above and by the conflict policy.
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+    )
+    if not wait:
+        return {"task_id": task_id, "workflow_id": new.id, "run_id": new.result_run_id}
+    try:
+        result = await new.result()
+    except WorkflowFailureError as e:
+        return {"task_id": task_id, "workflow_id": new.id, "state": "Failed", "error": str(e.cause or e)}
+    return {"workflow_id": new.id, **result.summary}
+
+
+async def open_tasks_without_a_run(settings: Settings) -> list[str]:
+    """Tasks the ledger says are unfinished but whose workflow is not running (candidates for takeover)."""
+    rec = recorder(settings)
+    try:
+        candidates = [t for t in rec.task_ids() if not fold(rec.read_events(t)).terminal]
+    finally:
+        rec.dispose()
+    client = await connect(settings)
+    orphans = []
+    for task_id in candidates:
+        try:
+            described = await client.get_workflow_handle(workflow_id(task_id)).describe()
+        except RPCError:
+            orphans.append(task_id)
+            continue
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            orphans.append(task_id)
+    return orphans
 
 
 async def status(settings: Settings, task_id: str) -> dict[str, Any]:

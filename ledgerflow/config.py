@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     # Price of inference tokens, in currency units per 1k tokens (LLM decision and review calls).
     llm_price_per_1k_tokens: str = "0.002"
     poll_interval_seconds: float = 0.05
+    # What the vendor can do after a crash: idempotent (same key → same job), lookup_only, or none.
+    vendor_mode: str = "idempotent"
+    # How long a worker may go silent before Temporal gives its activity to another worker.
+    heartbeat_timeout_seconds: float = 30.0
 
     def stack(self) -> dict[str, object]:
         path = self.state_dir / "stack.json"

@@ -32,6 +32,7 @@ class MarkerKind(StrEnum):
     """System markers: facts about the machinery rather than the work."""
 
     VOID = "void"  # an INTENT provably never reached the vendor
+    SUBMITTING = "submitting"  # write-ahead: a submit under this key is about to be sent
     TIMEOUT = "timeout"  # a human request passed its deadline
     STALL = "stall"
     LEASE = "lease"

@@ -150,6 +150,7 @@ class Stage(_Strict):
     reviewer: Ident | None = None
     value: Value = Value.STANDARD
     canary: bool = True
+    stall_after: Seconds = 600.0  # no progress for this long: the watchdog cancels the job at the vendor
     input: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -184,7 +185,9 @@ class Plan(_Strict):
     time_ceiling: Seconds = 24 * 3600.0
     rework_limit: int = Field(default=2, ge=0, le=20)
     gate_threshold: Amount | None = None
-    concurrency: int = Field(default=8, ge=1, le=MAX_FAN_OUT)
+    concurrency: int = Field(default=8, ge=1, le=MAX_FAN_OUT)  # per stage: in-flight nodes of one fan-out
+    # Above soft_limit × ceiling (spent + reserved), fan-outs widen no further: one node in flight per stage.
+    soft_limit: float = Field(default=0.8, gt=0, le=1)
     approval: ApprovalPolicy = ApprovalPolicy()
     review: ReviewConfig = ReviewConfig()
     stages: tuple[Stage, ...] = Field(min_length=1)

@@ -87,6 +87,7 @@ class NodeView:
     status: NodeStatus = NodeStatus.PENDING
     attempts: int = 0  # business attempts dispatched so far (each has its own OperationKey)
     round_base: int = 0  # attempts made before the current rework round: retries are counted per round
+    voided: int = 0  # attempts voided because they provably never reached the vendor (keys stay unique)
     extra_attempts: int = 0  # granted by a person (Resume on a dead letter)
     operation_key: str | None = None  # the current attempt's key
     job_id: str | None = None
@@ -195,7 +196,7 @@ class Projection:
 
     def exhausted(self, node: str) -> bool:
         view = self.nodes[node]
-        return view.attempts - view.round_base >= self.max_attempts(node)
+        return view.attempts - view.round_base - view.voided >= self.max_attempts(node)
 
 
 def new_projection(created: StoredEvent) -> Projection:
@@ -371,7 +372,7 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
         if e.operation_key is not None and e.operation_key == node.operation_key and node.in_flight:
             _release(p, node, e.operation_key)
             node.status = NodeStatus.PENDING
-            node.attempts -= 1  # the voided attempt never reached the vendor: it does not count
+            node.voided += 1  # it never reached the vendor: it does not count against the retries
     elif e.kind == MarkerKind.COST_ANOMALY:
         p.cost_anomalies += 1
 

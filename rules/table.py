@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Final
 
 from rules.actions import (
@@ -267,7 +268,13 @@ def _rework_then(p: Projection, now: datetime) -> Action:
 
 # R11 ──────────────────────────────────────────────────────────────────────────────────────────────
 def ready_nodes(p: Projection) -> list[NodeView]:
-    """Nodes whose dependencies succeeded (and were approved), canary and concurrency permitting."""
+    """Nodes whose dependencies succeeded (and were approved), canary and concurrency permitting.
+
+    Above the plan's soft limit the per-stage concurrency drops to one: money is running out, so a fan-out
+    proceeds one node at a time and a person can still stop it before the hard limit.
+    """
+    soft = p.ceiling * Decimal(str(p.plan.soft_limit))
+    width = 1 if p.spent + p.reserved >= soft else p.plan.concurrency
     in_flight_by_stage: dict[str, int] = {}
     for n in p.nodes.values():
         if n.in_flight:
@@ -289,7 +296,7 @@ def ready_nodes(p: Projection) -> list[NodeView]:
             canary = p.nodes[stage_nodes[0]]
             if canary.status != NodeStatus.SUCCEEDED:
                 continue
-        if in_flight_by_stage.get(spec.stage.id, 0) >= p.plan.concurrency:
+        if in_flight_by_stage.get(spec.stage.id, 0) >= width:
             continue
         out.append(n)
     return out

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -72,6 +72,8 @@ STAGE_RETRY = RetryPolicy(
 class TaskInput(BaseModel):
     task_id: str
     plan: Plan
+    # How long an executor may go without heartbeating before Temporal hands its activity to another worker.
+    heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
 
 
 class TaskResult(BaseModel):
@@ -94,6 +96,7 @@ class TaskWorkflow:
         self._woken = False
         self._running: dict[str, asyncio.Task[None]] = {}
         self._ceiling_at = datetime.max.replace(tzinfo=UTC)
+        self._heartbeat_timeout = timedelta(seconds=30)
         self._arrived: list[StoredEvent] = []  # result events executors returned, not yet folded
 
     @workflow.query(name="status")
@@ -112,7 +115,9 @@ class TaskWorkflow:
         self._epoch = int(opened["epoch"])
         self._p = p = fold(StoredEvent.model_validate(e) for e in opened["events"])
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
+        self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
+        self._resume_open_operations(p)
         while not p.terminal:
             now = workflow.now()
             decided = decide(p, now)
@@ -204,6 +209,29 @@ class TaskWorkflow:
         new = await self._ledger("ledger.mark", mark)
         self._apply(p, new)
 
+    def _resume_open_operations(self, p: Projection) -> None:
+        """Takeover: every INTENT on record without a resolution gets its executor again, same key.
+
+        The executor reconciles before sending anything (reconcile.operations), so whatever the previous run
+        got done at the vendor is found and nothing paid for is redone.
+        """
+        for n in p.in_flight():
+            assert n.operation_key is not None
+            stage = p.graph.nodes[n.id].stage
+            estimate = p.reservations.get(n.operation_key, stage.estimate)
+            resume = Dispatch(
+                node=n.id,
+                attempt=n.attempts,
+                operation_key=n.operation_key,
+                executor=stage.executor,
+                estimate=estimate,
+                reason="resumed from the ledger",
+            )
+            self._act(p, resume)
+        for n in p.nodes.values():
+            if n.gate_pending is not None and n.gate_op is not None:
+                self._act(p, StaticGate(node=n.id, input_version=n.gate_pending, operation_key=n.gate_op))
+
     # ── acting ───────────────────────────────────────────────────────────────────────────────────────
     def _act(self, p: Projection, action: Action) -> None:
         if isinstance(action, Dispatch):
@@ -218,6 +246,7 @@ class TaskWorkflow:
                 executor=action.executor,
                 estimate=action.estimate,
                 input={**stage.input, **({"item": item} if item else {})},
+                stall_after=stage.stall_after,
             )
             activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")
             self._start(action.operation_key, action.node, activity, inp, action.estimate)
@@ -242,7 +271,7 @@ class TaskWorkflow:
                 activity,
                 arg,
                 start_to_close_timeout=timedelta(hours=2),
-                heartbeat_timeout=timedelta(seconds=30),
+                heartbeat_timeout=self._heartbeat_timeout,
                 retry_policy=STAGE_RETRY,
             )
             self._arrived.append(StoredEvent.model_validate(result))

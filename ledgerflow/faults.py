@@ -1,0 +1,38 @@
+"""Named fault points: where a crash test may stop a worker (dbos-style "named fault triggers").
+
+``mark(point, **fields)`` prints ``MARK <point> k=v …`` when ``LEDGERFLOW_MARKS`` is set, so a test that
+runs the worker as a subprocess can see exactly how far an operation got. With ``LEDGERFLOW_HOLD_AT=<point>``
+(optionally ``LEDGERFLOW_HOLD_OP=<substring of the operation key>``) the worker stops dead right after that
+mark — the whole process, not just the task — so a SIGKILL lands exactly there. Off by default: one
+environment lookup per call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+POINTS = (
+    "intent_recorded",  # the fenced INTENT committed (ledger.append)
+    "submitting",  # about to call the vendor (after the submit marker, if the vendor mode needs one)
+    "vendor_accepted",  # the vendor answered the submit: it has the job and has charged
+    "progress_recorded",  # Progress(job id) committed
+    "polling",  # polling a running job
+    "vendor_completed",  # the job is finished at the vendor, nothing fetched yet
+    "artifact_staged",  # the artifact's bytes are in a temp file, not yet renamed into place
+    "outcome_recorded",  # the result (Outcome / Failure) committed
+)
+
+
+def mark(point: str, **fields: object) -> None:
+    if not os.environ.get("LEDGERFLOW_MARKS"):
+        return
+    detail = " ".join(f"{k}={v}" for k, v in fields.items())
+    sys.stdout.write(f"MARK {point} {detail}\n")
+    sys.stdout.flush()
+    if os.environ.get("LEDGERFLOW_HOLD_AT") == point and os.environ.get("LEDGERFLOW_HOLD_OP", "") in detail:
+        sys.stdout.write(f"MARK held {point} {detail}\n")
+        sys.stdout.flush()
+        while True:  # block the whole process (event loop included) until the test kills it
+            time.sleep(3600)
