@@ -59,10 +59,13 @@ def test_failure_settles_with_its_actual_cost_and_schedules_a_backoff() -> None:
     assert a.retry_at == h.now + timedelta(seconds=0.5)
 
 
-def test_void_marker_releases_the_reservation_and_gives_the_attempt_back() -> None:
+def test_void_marker_releases_the_reservation_and_does_not_count_the_attempt() -> None:
     p = History(chain_plan()).dispatch("a").marker(MarkerKind.VOID, node="a").fold()
     a = p.nodes["a"]
-    assert (a.status, a.in_flight, a.attempts) == (NodeStatus.PENDING, False, 0)
+    # The attempt number stays used (a new dispatch gets a new OperationKey: the voided key is never reused),
+    # but it does not count against the node's retries: it never reached the vendor.
+    assert (a.status, a.in_flight, a.attempts, a.voided) == (NodeStatus.PENDING, False, 1, 1)
+    assert not p.exhausted("a") and p.max_attempts("a") == 3
     assert p.reserved == a.reserved == 0 and p.spent == 0
 
 
@@ -338,7 +341,7 @@ def test_llm_valid_dispatch_gets_its_key_attempt_and_estimate_from_the_projectio
     )
     assert problem is None
     assert action == Dispatch(
-        node="a", attempt=1, operation_key="t1:a:a1", executor="llm.text", estimate=Decimal("1.00"),
+        node="a", attempt=2, operation_key="t1:a:a2", executor="llm.text", estimate=Decimal("1.00"),
         reason="model: start",
     )  # fmt: skip
 
