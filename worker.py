@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 from activities.artifacts import LocalArtifactStore
 from activities.ledger import LedgerActivities
 from activities.llm import ChatClient, LlmActivities
+from activities.people import PeopleActivities
 from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from ledger.recorder import Recorder
@@ -74,6 +75,7 @@ async def build_worker(
             review.review,
             review.gate,
             llm.decide,
+            PeopleActivities(recorder, settings).record,
         ],
         activity_executor=executor,
         max_concurrent_activities=64,

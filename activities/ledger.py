@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from ledger.errors import BudgetRefused, DuplicateEvent, StaleEpoch
 from ledger.recorder import Recorder
+from ledgerflow.faults import mark
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import TaskCreated, to_new
 from rules.plan import Plan, budget_scopes
@@ -85,14 +86,29 @@ class LedgerActivities:
         """Fenced append of the run's own events (an INTENT and its immediate effect)."""
         try:
             self.recorder.append_fenced(inp.task_id, inp.epoch, inp.events, reserve=inp.reserve)
+            mark("intent_recorded", task=inp.task_id, op=inp.events[0].operation_key or "")
         except StaleEpoch as e:
             raise _stale(e) from e
         except BudgetRefused as e:
             # Not an error of the run: the loop records an escalation naming the scope that is short.
             raise ApplicationError(str(e), e.scope, type="BudgetRefused", non_retryable=True) from e
         except DuplicateEvent as e:
-            raise ApplicationError(str(e), type="DuplicateEvent", non_retryable=True) from e
+            if not self._already_written(inp):
+                raise ApplicationError(str(e), type="DuplicateEvent", non_retryable=True) from e
+            # This run wrote an INTENT under this key before its worker died; the local activity's result died
+            # with it, so the replayed workflow decided again (at a later workflow time). The ledger's INTENT
+            # is the decision: the caller finds it among the events returned and acts on that one.
         return self.recorder.read_events(inp.task_id, after_seq=inp.after)
+
+    def _already_written(self, inp: AppendInput) -> bool:
+        first = inp.events[0]
+        existing = self.recorder.find_by_dedup_key(first.dedup_key)
+        return (
+            existing is not None
+            and existing.task_id == inp.task_id
+            and existing.epoch == inp.epoch
+            and existing.type == first.type
+        )
 
     @activity.defn(name="ledger.mark")
     def mark(self, inp: MarkInput) -> list[StoredEvent]:

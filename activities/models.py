@@ -29,6 +29,14 @@ class GateInput(BaseModel):
     input_version: int
 
 
+class RecordDecisionInput(BaseModel):
+    """A signalled human decision, exactly as received (validated by the activity, not by the model)."""
+
+    task_id: str
+    decision: Any
+    after: int
+
+
 class LlmDecideInput(BaseModel):
     task_id: str
     watermark: int

@@ -394,12 +394,16 @@ class Recorder:
         *,
         release: Decimal = Decimal(0),
         spend: Decimal = Decimal(0),
+        raise_ceiling: tuple[str, Decimal] | None = None,
     ) -> tuple[StoredEvent, bool]:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
 
         If this call inserts the event, the same transaction settles on every budget scope of the task:
         ``reserved -= release`` and ``spent += spend``; actual spend is recorded as it is, even past the
-        ceiling. A repeat settles nothing, so each settlement happens exactly once.
+        ceiling. A repeat settles nothing, so each settlement happens exactly once. Likewise
+        ``raise_ceiling=(scope, amount)`` (a person's AddBudget) adds ``amount`` to the ceiling of ``scope``,
+        one of the task's own scopes, only if this call inserts the event (an unlimited scope stays
+        unlimited); the accounts are locked in the same order as for a settlement.
 
         Returns:
             ``(stored, True)`` if this call wrote it, ``(existing, False)`` if the dedup key was already there
@@ -409,25 +413,29 @@ class Recorder:
             TaskNotFound: The task has no lease.
             DuplicateEvent: The dedup key belongs to an event of another task: a key-construction bug, since
                 returning another task's fact as if it were this one's would hide it.
-            InvalidAmount: ``release`` or ``spend`` is not a valid amount; nothing was written.
-            LedgerError: ``release`` exceeds a scope's reservation, or there is something to settle but the
-                task has no budget accounts: caller bugs; nothing was written.
+            InvalidAmount: ``release``, ``spend`` or the raise is not a valid amount; nothing was written.
+            LedgerError: ``release`` exceeds a scope's reservation, there is something to settle but the
+                task has no budget accounts, or the raised scope is not one of the task's: caller bugs;
+                nothing was written.
             LedgerUnavailable: The database could not be reached; the write may or may not have committed.
         """
         to_release, to_spend = _amount("release", release), _amount("spend", spend)
         settle = bool(to_release or to_spend)
+        raised = None if raise_ceiling is None else (raise_ceiling[0], _amount("raise", raise_ceiling[1]))
         with _translated(), self._engine.connect() as conn:
             reserved = conn.execute(
-                _RESERVE_ONE_SCOPES if settle else _RESERVE_ONE, {"b_task_id": task_id}
+                _RESERVE_ONE_SCOPES if settle or raised else _RESERVE_ONE, {"b_task_id": task_id}
             ).first()
             if reserved is None:
                 raise TaskNotFound(task_id)
             next_seq, epoch = reserved[0], reserved[1]
             inserted = conn.execute(_INSERT_IDEMPOTENT, _params(task_id, next_seq - 1, epoch, event)).first()
             if inserted is not None:
+                # An error below leaves the transaction uncommitted: closing the connection rolls it back.
                 if settle:
-                    # An error here leaves the transaction uncommitted: closing the connection rolls it back.
                     _settle(conn, task_id, reserved[2], to_release, to_spend)
+                if raised is not None:
+                    _raise(conn, task_id, reserved[2], *raised, locked=settle)
                 conn.commit()
                 return _stored(inserted), True
             # The key exists (ON CONFLICT waited for its writer to commit, so this new snapshot sees it).
@@ -614,6 +622,17 @@ def _settle(
                 f"task {task_id!r}: releasing {release} on {a.scope} exceeds its reservation {a.reserved}"
             )
     conn.execute(_SETTLE, {"b_scopes": scopes, "b_release": release, "b_spend": spend})
+
+
+def _raise(
+    conn: Connection, task_id: str, scopes: list[str] | None, scope: str, amount: Decimal, *, locked: bool
+) -> None:
+    """Raise one of the task's scopes' ceiling by ``amount``, its accounts locked in the fixed order."""
+    if scope not in (scopes or []):
+        raise LedgerError(f"task {task_id!r} does not draw on {scope!r}: its ceiling cannot be raised here")
+    if not locked:
+        _lock_accounts(conn, task_id, scopes)
+    conn.execute(_RAISE_CEILING, {"b_scope": scope, "b_amount": amount})
 
 
 def _params(task_id: str, seq: int, epoch: int, event: NewEvent) -> dict[str, Any]:

@@ -216,6 +216,22 @@ def demo(
     raise typer.Exit(run_demo(get_settings(), _read(plan), out))
 
 
+@app.command()
+@friendly
+def drill(
+    kills: Annotated[int, typer.Option("--kills", min=1, max=1000, help="worker kills to inflict")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="random seed: same seed, same fault points")] = 1,
+    tasks: Annotated[int, typer.Option("--tasks", min=1, max=100, help="tasks in the workload")] = 4,
+) -> None:
+    """A seeded random crash campaign on the embedded stack; exit 1 unless every invariant holds."""
+    from ledgerflow.drill import run_drill
+
+    report = asyncio.run(run_drill(get_settings(), kills, seed, tasks))
+    out.print(report.table())
+    if not report.clean:
+        raise typer.Exit(1)
+
+
 budget_app = typer.Typer(no_args_is_help=True, help="Budget accounts: project ⊃ episode ⊃ task.")
 app.add_typer(budget_app, name="budget")
 
@@ -267,6 +283,73 @@ def _amount(text: str) -> Decimal:
         return parse_amount(text)
     except ValueError as e:
         raise lf.ClientError(f"amount {text[:40]!r} {e}") from None
+
+
+# ── people in the loop: the queue, one request, deciding, dead letters ─────────────────────────────────
+
+
+@app.command()
+@friendly
+def queue(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """Open requests across unfinished tasks: escalations and blockers first, then dead letters, approvals."""
+    from ledgerflow import people
+
+    groups = people.queue(get_settings())
+    if as_json:
+        out.print_json(json.dumps(people.queue_json(groups)))
+    else:
+        out.print(people.queue_table(groups))
+
+
+@app.command()
+@friendly
+def request(
+    request_id: Annotated[str, typer.Argument(help="TASK_ID/REQUEST_ID")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """One request's whole context package: failures, spend, options, artifacts, refused answers."""
+    from ledgerflow import people
+
+    task_id, rid = people.parse_global_id(request_id)
+    detail = people.request(get_settings(), task_id, rid)
+    if as_json:
+        out.print_json(json.dumps(detail, default=str))
+    else:
+        out.print(people.request_view(detail))
+
+
+@app.command()
+@friendly
+def decide(
+    request_id: Annotated[str, typer.Argument(help="TASK_ID/REQUEST_ID")],
+    decision: Annotated[str, typer.Argument(help="approve | resume | abort | add-budget")],
+    approver: Annotated[str, typer.Option("--as", help="who decides (signs with their key)")],
+    amount: Annotated[str | None, typer.Option("--amount", help="for add-budget")] = None,
+    note: Annotated[str, typer.Option("--note", help="why")] = "",
+) -> None:
+    """Sign and send a decision, then wait for the worker's ruling: exit 0 accepted, 1 otherwise."""
+    from ledgerflow import people
+
+    task_id, rid = people.parse_global_id(request_id)
+    sent = asyncio.run(
+        people.decide(get_settings(), task_id, rid, decision, approver, note=note, amount=amount)
+    )
+    (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
+    if sent.status != "accepted":
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def dlq(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """Nodes with dead-letter requests (open or resolved): original request, attempts, a suggestion."""
+    from ledgerflow import people
+
+    entries = people.dlq(get_settings())
+    if as_json:
+        out.print_json(json.dumps(entries, default=str))
+    else:
+        out.print(people.dlq_view(entries))
 
 
 def main() -> None:

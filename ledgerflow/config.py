@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 STATE_DIR = Path(".ledgerflow")
 STACK_FILE = STATE_DIR / "stack.json"
+DEMO_APPROVER_KEYS = '{"director": "director-demo-key", "producer": "producer-demo-key"}'
 
 
 class Settings(BaseSettings):
@@ -41,6 +42,10 @@ class Settings(BaseSettings):
     vendor_mode: str = "idempotent"
     # How long a worker may go silent before Temporal gives its activity to another worker.
     heartbeat_timeout_seconds: float = 30.0
+    # Approver name -> signing key, as a JSON object (env LEDGERFLOW_APPROVER_KEYS). A person's decision must
+    # be signed with their key (rules.people.sign); the worker verifies it inside the people.record activity.
+    # The default holds the demo's two approvers only.
+    approver_keys: SecretStr = SecretStr(DEMO_APPROVER_KEYS)
 
     def stack(self) -> dict[str, object]:
         path = self.state_dir / "stack.json"
@@ -69,6 +74,19 @@ class Settings(BaseSettings):
 
     def resolved_llm_url(self) -> str:
         return self.llm_url or self.resolved_vendor_url()
+
+    def approver_key_map(self) -> dict[str, str]:
+        """The approver keys as a mapping. ConfigError (naming no key) if the setting is not a JSON object of
+        non-empty strings."""
+        try:
+            keys = json.loads(self.approver_keys.get_secret_value())
+        except ValueError:
+            raise ConfigError("LEDGERFLOW_APPROVER_KEYS is not valid JSON") from None
+        if not isinstance(keys, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in keys.items()
+        ):
+            raise ConfigError("LEDGERFLOW_APPROVER_KEYS must be a JSON object of approver name -> key")
+        return keys
 
 
 class ConfigError(Exception):

@@ -10,8 +10,8 @@ environment lookup per call.
 from __future__ import annotations
 
 import os
+import signal
 import sys
-import time
 
 POINTS = (
     "intent_recorded",  # the fenced INTENT committed (ledger.append)
@@ -34,5 +34,6 @@ def mark(point: str, **fields: object) -> None:
     if os.environ.get("LEDGERFLOW_HOLD_AT") == point and os.environ.get("LEDGERFLOW_HOLD_OP", "") in detail:
         sys.stdout.write(f"MARK held {point} {detail}\n")
         sys.stdout.flush()
-        while True:  # block the whole process (event loop included) until the test kills it
-            time.sleep(3600)
+        # Stop every thread of the process at once (the event loop, Temporal's core, the activity threads):
+        # a sleeping thread would leave the rest of the worker running. The test SIGKILLs it (or SIGCONTs it).
+        os.kill(os.getpid(), signal.SIGSTOP)

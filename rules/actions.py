@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,9 @@ class HumanRequest(_Action):
     options: tuple[HumanDecisionType, ...]
     deadline: datetime | None = None
     timeout_policy: TimeoutPolicy | None = None
+    # What the person is shown (rules.people.context_package): failure history, spend and remaining budget,
+    # the options and their effect, the artifacts concerned — as the ledger stood when the question was put.
+    context: dict[str, Any] = Field(default_factory=dict)
 
 
 class Dispatch(_Action):

@@ -152,6 +152,7 @@ class HumanDecision(_Event):
     approver: str
     note: str = Field(default="", max_length=2000)
     amount: Decimal | None = None
+    decision_id: str | None = None  # the signed decision's id (rules.people): what its sender polls for
 
 
 class RollbackDone(_Event):

@@ -11,7 +11,7 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import (
@@ -121,12 +121,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The values of rules.actions.RequestKind (which imports this module, so it cannot be imported here).
+RequestKindName = Literal["approval", "dead_letter", "escalation", "invalid_decision"]
+
+
 class ApprovalPolicy(_Strict):
     """How approval points and other human requests behave."""
 
     timeout: Seconds = 3600.0
     policy: TimeoutPolicy = TimeoutPolicy.ESCALATE
+    # Who may decide (rules.people.allowed_approvers): per request kind if listed there, else ``approvers``;
+    # both empty means any approver the workers hold a key for.
     approvers: tuple[Ident, ...] = ()
+    approvers_by_kind: dict[RequestKindName, tuple[Ident, ...]] = Field(default_factory=dict)
 
 
 class ReviewConfig(_Strict):

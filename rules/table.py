@@ -29,6 +29,7 @@ from rules.actions import (
 )
 from rules.admission import admits
 from rules.events import FailureKind, Verdict
+from rules.people import context_package
 from rules.plan import REVIEW, TimeoutPolicy
 from rules.projection import NodeStatus, NodeView, Projection
 
@@ -59,6 +60,7 @@ def _escalate(p: Projection, reason: str, *, node: str | None = None) -> Escalat
         reason=reason,
         node=node,
         options=_RESUME_OPTIONS,
+        context=context_package(p, RequestKind.ESCALATION, node, _RESUME_OPTIONS),
     )
     return Escalate(reason=reason, terminal=False, request=request)
 
@@ -242,7 +244,8 @@ def _person_then(p: Projection, now: datetime) -> Action:
             if p.plan.approval.policy == TimeoutPolicy.APPROVE
             else p.plan.approval.policy,
         )
-    return SuspendForHuman(request=request)
+    context = context_package(p, request.kind, request.node, request.options)
+    return SuspendForHuman(request=request.model_copy(update={"context": context}))
 
 
 # R10 ──────────────────────────────────────────────────────────────────────────────────────────────

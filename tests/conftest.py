@@ -10,6 +10,7 @@ Postgres instead of starting one.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -38,6 +39,8 @@ from vendors.simulator import BackgroundSimulator, SimConfig
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
 
 SIM_KEY = "sk-test-4f1c9e"
+# Approver signing keys the test worker verifies decisions with (tests sign with them: rules.people.sign).
+APPROVER_KEYS = {"director": "director-k", "producer": "producer-k", "editor": "editor-k"}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -196,6 +199,7 @@ async def lf(
         llm_api_key=SIM_KEY,
         artifact_dir=tmp_path / "artifacts",
         poll_interval_seconds=0.02,
+        approver_keys=json.dumps(APPROVER_KEYS),
     )
     async with AsyncExitStack() as stack:
         worker = await build_worker(temporal, settings, stack, task_queue=queue)

@@ -25,7 +25,7 @@ with workflow.unsafe.imports_passed_through():
     # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
     # passing them through keeps pydantic's model classes identical inside and outside the sandbox.
     from activities.ledger import NON_RETRYABLE, AppendInput, MarkInput, OpenTaskInput, ReadInput
-    from activities.models import GateInput, LlmDecideInput, StageInput
+    from activities.models import GateInput, LlmDecideInput, RecordDecisionInput, StageInput
     from rules.actions import (
         Action,
         Dispatch,
@@ -98,6 +98,15 @@ class TaskWorkflow:
         self._ceiling_at = datetime.max.replace(tzinfo=UTC)
         self._heartbeat_timeout = timedelta(seconds=30)
         self._arrived: list[StoredEvent] = []  # result events executors returned, not yet folded
+        self._started: set[str] = set()  # operation keys this run has started an executor for
+        self._inbox: list[Any] = []  # decisions signalled by people, not yet validated and recorded
+
+    @workflow.signal(name="decide")
+    def decide_signal(self, decision: Any) -> None:
+        """A person's decision. Taken as raw JSON on purpose: a malformed or unsigned payload must still be
+        seen, rejected and audited by ``people.record`` (the workflow never trusts or drops it silently)."""
+        self._inbox.append(decision)
+        self._woken = True
 
     @workflow.query(name="status")
     def status(self) -> dict[str, Any]:
@@ -117,8 +126,11 @@ class TaskWorkflow:
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
-        self._resume_open_operations(p)
         while not p.terminal:
+            self._adopt_open_operations(p)
+            await self._take_decisions(p)
+            if p.terminal:
+                break
             now = workflow.now()
             decided = decide(p, now)
             if decided is None:
@@ -181,6 +193,11 @@ class TaskWorkflow:
             assert isinstance(action, Dispatch)
             return await self._record(p, rule, budget_refused(p, action.node, str(refused)))
         self._apply(p, new)
+        # Act on what the ledger holds under this key: normally the action just decided; after a worker died
+        # between writing an INTENT and reporting it, the one written then (see ledger.append).
+        recorded = next((e for e in new if e["dedup_key"] == key), None)
+        if recorded is not None and recorded["payload"]["action"] != events[0].payload["action"]:
+            return Intent.model_validate(recorded["payload"]).action
         return action
 
     def _apply(self, p: Projection, raw: list[dict[str, Any]]) -> None:
@@ -209,14 +226,18 @@ class TaskWorkflow:
         new = await self._ledger("ledger.mark", mark)
         self._apply(p, new)
 
-    def _resume_open_operations(self, p: Projection) -> None:
-        """Takeover: every INTENT on record without a resolution gets its executor again, same key.
+    def _adopt_open_operations(self, p: Projection) -> None:
+        """Every INTENT on record without a resolution and without an executor in this run gets one, same key.
 
-        The executor reconciles before sending anything (reconcile.operations), so whatever the previous run
-        got done at the vendor is found and nothing paid for is redone.
+        That is the takeover of a new run (the old run's open operations), and also the recovery of this run
+        after a worker died between writing an INTENT and scheduling its activity (the replayed workflow finds
+        the INTENT in the ledger, not in its history). The executor reconciles before sending anything
+        (reconcile.operations), so whatever got done at the vendor is found and nothing paid for is redone.
         """
         for n in p.in_flight():
             assert n.operation_key is not None
+            if n.operation_key in self._started:
+                continue
             stage = p.graph.nodes[n.id].stage
             estimate = p.reservations.get(n.operation_key, stage.estimate)
             resume = Dispatch(
@@ -229,7 +250,7 @@ class TaskWorkflow:
             )
             self._act(p, resume)
         for n in p.nodes.values():
-            if n.gate_pending is not None and n.gate_op is not None:
+            if n.gate_pending is not None and n.gate_op is not None and n.gate_op not in self._started:
                 self._act(p, StaticGate(node=n.id, input_version=n.gate_pending, operation_key=n.gate_op))
 
     # ── acting ───────────────────────────────────────────────────────────────────────────────────────
@@ -260,6 +281,7 @@ class TaskWorkflow:
             self._start(action.operation_key, action.node, "gate.run", gate, Decimal(0))
 
     def _start(self, op_key: str, node: str, activity: str, arg: BaseModel, reserved: Decimal) -> None:
+        self._started.add(op_key)
         self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg, reserved))
 
     async def _execute(
@@ -287,6 +309,16 @@ class TaskWorkflow:
         finally:
             self._running.pop(op_key, None)
             self._woken = True
+
+    async def _take_decisions(self, p: Projection) -> None:
+        """Validate and record each signalled decision (authenticated, authorised, first one wins) before
+        acting on anything: a decision exists for the loop only once it is in the ledger."""
+        while self._inbox:
+            raw = self._inbox.pop(0)
+            new = await self._ledger(
+                "people.record", RecordDecisionInput(task_id=p.task_id, decision=raw, after=p.watermark)
+            )
+            self._apply(p, new)
 
     async def _alarm(self, at: datetime) -> None:
         await workflow.sleep(max(timedelta(0), at - workflow.now()))
