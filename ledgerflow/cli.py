@@ -207,6 +207,46 @@ def events(
 
 @app.command()
 @friendly
+def show(
+    task_id: str,
+    at: Annotated[
+        int | None, typer.Option("--at", help="the state as of this ledger seq (time travel)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """A task's projection as it was after event SEQ (default: now), folded from the ledger."""
+    from ledgerflow.report import status_table
+    from ledgerflow.versions import show_at
+
+    summary = show_at(get_settings(), task_id, at)
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+    else:
+        out.print(status_table(summary))
+
+
+@app.command()
+@friendly
+def evals(
+    task_id: str,
+    threshold: Annotated[float, typer.Option(help="flag a dimension that drops by more than this")] = 0.1,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Review scores per composition version; regressions flagged (exit 1 if any)."""
+    from ledgerflow.versions import evals as read_evals
+    from ledgerflow.versions import evals_table
+
+    rows = read_evals(get_settings(), task_id, threshold)
+    if as_json:
+        out.print_json(json.dumps([r.__dict__ for r in rows], default=str))
+    else:
+        out.print(evals_table(task_id, rows))
+    if any(r.regressions for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly
 def demo(
     plan: Annotated[Path, typer.Option(help="plan to run")] = Path("examples/e001_video.yaml"),
 ) -> None:
@@ -298,7 +338,7 @@ def queue(as_json: Annotated[bool, typer.Option("--json", help="machine-readable
     if as_json:
         out.print_json(json.dumps(people.queue_json(groups)))
     else:
-        out.print(people.queue_table(groups))
+        out.print(people.queue_table(groups), soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -315,7 +355,7 @@ def request(
     if as_json:
         out.print_json(json.dumps(detail, default=str))
     else:
-        out.print(people.request_view(detail))
+        out.print(people.request_view(detail), soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -349,7 +389,7 @@ def dlq(as_json: Annotated[bool, typer.Option("--json", help="machine-readable o
     if as_json:
         out.print_json(json.dumps(entries, default=str))
     else:
-        out.print(people.dlq_view(entries))
+        out.print(people.dlq_view(entries), soft_wrap=True, highlight=False)
 
 
 def main() -> None:

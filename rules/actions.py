@@ -63,6 +63,9 @@ class Dispatch(_Action):
     executor: str
     estimate: Decimal = Field(ge=0)
     reason: str = ""
+    # Exactly what the vendor will be sent, fixed at decision time: a resubmission after a crash or a takeover
+    # sends the same body under the same key (an idempotent vendor refuses a different one).
+    input: dict[str, Any] = Field(default_factory=dict)
 
 
 class Rollback(_Action):

@@ -102,6 +102,7 @@ class NodeView:
     approved: bool = False
     gate_pending: int | None = None  # input version whose static gate is in progress
     gate_op: str | None = None
+    dispatch: Dispatch | None = None  # the current attempt's recorded action (what was, or will be, sent)
     gates: dict[int, bool] = field(default_factory=dict)  # input version -> passed
     dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
 
@@ -314,6 +315,7 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
             node.retry_at = None
             node.job_id = None
             node.reserved = e.reservation
+            node.dispatch = d
             p.reservations[d.operation_key] = e.reservation
             p.reserved += e.reservation
         case StaticGate() as g:

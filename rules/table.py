@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from rules.actions import (
     Action,
@@ -364,7 +364,31 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
         executor=stage.executor,
         estimate=stage.estimate,
         reason=reason,
+        input=request_input(p, n),
     )
+
+
+def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
+    """The request for a node's next attempt: the stage's input, its fan-out item, and what went wrong before.
+
+    A rerun carries the reviewer's findings (after a rework rollback) and the previous attempts' errors
+    (seed 004's error-context passing), so a content failure is never resent unchanged.
+    """
+    spec = p.graph.nodes[n.id]
+    request: dict[str, Any] = dict(spec.stage.input)
+    if spec.item is not None:
+        request["item"] = spec.item
+    feedback: dict[str, Any] = {}
+    if n.status == NodeStatus.STALE and p.review is not None and p.review.findings:
+        feedback["review_findings"] = list(p.review.findings)
+        feedback["rework_round"] = p.rework_rounds
+    if n.failures:
+        feedback["previous_errors"] = [
+            f"attempt {f.attempt} ({f.kind.value}): {f.error[:300]}" for f in n.failures[-3:]
+        ]
+    if feedback:
+        request["feedback"] = feedback
+    return request
 
 
 # ── the table ─────────────────────────────────────────────────────────────────────────────────────

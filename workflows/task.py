@@ -238,17 +238,8 @@ class TaskWorkflow:
             assert n.operation_key is not None
             if n.operation_key in self._started:
                 continue
-            stage = p.graph.nodes[n.id].stage
-            estimate = p.reservations.get(n.operation_key, stage.estimate)
-            resume = Dispatch(
-                node=n.id,
-                attempt=n.attempts,
-                operation_key=n.operation_key,
-                executor=stage.executor,
-                estimate=estimate,
-                reason="resumed from the ledger",
-            )
-            self._act(p, resume)
+            assert n.dispatch is not None  # an operation in flight always has its recorded Dispatch
+            self._act(p, n.dispatch)
         for n in p.nodes.values():
             if n.gate_pending is not None and n.gate_op is not None and n.gate_op not in self._started:
                 self._act(p, StaticGate(node=n.id, input_version=n.gate_pending, operation_key=n.gate_op))
@@ -257,7 +248,6 @@ class TaskWorkflow:
     def _act(self, p: Projection, action: Action) -> None:
         if isinstance(action, Dispatch):
             stage = p.graph.nodes[action.node].stage
-            item = p.graph.nodes[action.node].item
             inp = StageInput(
                 task_id=p.task_id,
                 node=action.node,
@@ -266,7 +256,7 @@ class TaskWorkflow:
                 epoch=self._epoch,
                 executor=action.executor,
                 estimate=action.estimate,
-                input={**stage.input, **({"item": item} if item else {})},
+                input=action.input,
                 stall_after=stage.stall_after,
             )
             activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")

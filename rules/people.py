@@ -1,0 +1,728 @@
+"""People in the loop, the pure part (design.md §8): signed decisions and their validation, the context
+package a person is shown, the queue's order and the dead-letter view.
+
+A decision arrives as raw JSON in a workflow signal. ``evaluate`` turns it into a :class:`Ruling`: the
+``HumanDecision`` to record under the request's resolution key, or the reason it is refused (recorded as a
+``REJECTED_INPUT`` marker), or "a duplicate, record nothing". It checks, in order: the shape, the signature
+(authentication), the request (exists, in this task), the approver's right to decide it (authorisation),
+that it is still open, that the decision is one of its options, and the amount of an add_budget.
+
+Nothing here reads a key, a clock or the ledger. The activity (``activities/people.py``) reads the approver
+keys from the worker's settings and the task's events from the ledger and passes them in; HMAC is a pure
+function. Keys never appear in a workflow argument, result or error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Final
+
+from rules.actions import Dispatch, HumanDecisionType, HumanRequest, RequestKind
+from rules.envelope import StoredEvent
+from rules.events import (
+    Failure,
+    FailureKind,
+    HumanDecision,
+    Intent,
+    MarkerKind,
+    Outcome,
+    SystemMarker,
+    parse,
+)
+from rules.plan import COMPOSE, REVIEW, ApprovalPolicy, Value, parse_amount
+from rules.projection import Projection, RequestView
+
+# ── signing ──────────────────────────────────────────────────────────────────────────────────────────
+
+FIELDS: Final = ("decision_id", "request_id", "decision", "approver", "note", "amount", "signature")
+MONEY_DECIMALS: Final = 6  # the ledger's accounts are numeric(20, 6): finer amounts are refused, not rounded
+MAX_NOTE: Final = 2000
+MAX_ERROR_SHOWN: Final = 1000  # per failure in a context package
+MAX_FAILURES_SHOWN: Final = 50  # for a task-level request (no node): the most recent ones
+
+_UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+_APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_SIGNATURE: Final = re.compile(r"[0-9a-f]{64}")
+_AMOUNT: Final = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
+
+
+def canonical(
+    task_id: str,
+    decision_id: str,
+    request_id: str,
+    decision: str,
+    approver: str,
+    amount: str | None,
+    note: str,
+) -> str:
+    """The signed message. Every field but ``note`` is newline-free, and ``note`` comes last, so two different
+    decisions can never produce the same message. The task id is signed but not sent: a decision signed for
+    one task fails verification in every other."""
+    return "\n".join([task_id, decision_id, request_id, str(decision), approver, amount or "", note])
+
+
+def sign(
+    key: str,
+    task_id: str,
+    decision_id: str,
+    request_id: str,
+    decision: str,
+    approver: str,
+    amount: str | None,
+    note: str,
+) -> str:
+    """HMAC-SHA256 of :func:`canonical` with the approver's key, as lowercase hex."""
+    message = canonical(task_id, decision_id, request_id, decision, approver, amount, note)
+    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def resolution_key(task_id: str, request_id: str) -> str:
+    """The one dedup key of a request's resolution: a person's decision and the timeout marker share it."""
+    return f"{task_id}:resolution:{request_id}"
+
+
+def rejection_key(task_id: str, decision_ref: str) -> str:
+    return f"{task_id}:rejected:{decision_ref}"
+
+
+def decision_ref(raw: Any) -> str:
+    """The decision's id if it carries a well-formed one, else a digest of the whole payload."""
+    if isinstance(raw, dict):
+        did = raw.get("decision_id")
+        if isinstance(did, str) and _UUID.fullmatch(did):
+            return did
+    text = json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+# ── parsing ──────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class SignedDecision:
+    """A decision payload of the right shape (not yet authenticated)."""
+
+    decision_id: str
+    request_id: str
+    decision: HumanDecisionType
+    approver: str
+    note: str
+    amount: str | None
+    signature: str
+
+    def message(self, task_id: str) -> str:
+        return canonical(
+            task_id, self.decision_id, self.request_id, self.decision, self.approver, self.amount, self.note
+        )
+
+
+def parse_decision(raw: Any) -> SignedDecision | str:
+    """The payload as a :class:`SignedDecision`, or a one-line reason it is malformed or unsigned."""
+    if not isinstance(raw, dict):
+        return f"malformed decision: expected a JSON object, got {_json_type(raw)}"
+    unknown = sorted(str(k) for k in raw if k not in FIELDS)
+    if unknown:
+        return f"malformed decision: unknown field {unknown[0][:40]!r}"
+    sig = raw.get("signature")
+    if sig is None or sig == "":
+        return "unsigned decision: no signature"
+    checks: tuple[tuple[str, re.Pattern[str] | None, bool], ...] = (
+        ("decision_id", _UUID, True),
+        ("request_id", _REQUEST_ID, True),
+        ("decision", None, True),
+        ("approver", _APPROVER, True),
+        ("note", None, False),
+        ("amount", _AMOUNT, False),
+        ("signature", _SIGNATURE, True),
+    )
+    for name, pattern, required in checks:
+        value = raw.get(name)
+        if value is None:
+            if required:
+                return f"malformed decision: {name} is required"
+            continue
+        if not isinstance(value, str):
+            return f"malformed decision: {name} must be a string, got {_json_type(value)}"
+        if pattern is not None and not pattern.fullmatch(value):
+            return f"malformed decision: {name} {value[:60]!r} is not {_SHAPES[name]}"
+    decision = raw["decision"]
+    if decision not in {d.value for d in HumanDecisionType}:
+        choices = ", ".join(d.value for d in HumanDecisionType)
+        return f"malformed decision: decision {decision[:40]!r} is not one of {choices}"
+    note = raw.get("note") or ""
+    if len(note) > MAX_NOTE:
+        return f"malformed decision: note is longer than {MAX_NOTE} characters"
+    return SignedDecision(
+        decision_id=raw["decision_id"],
+        request_id=raw["request_id"],
+        decision=HumanDecisionType(decision),
+        approver=raw["approver"],
+        note=note,
+        amount=raw.get("amount"),
+        signature=raw["signature"],
+    )
+
+
+_SHAPES: Final = {
+    "decision_id": "a lowercase UUID",
+    "request_id": "a request id",
+    "approver": "a valid approver name",
+    "amount": "a decimal string",
+    "signature": "64 lowercase hex digits",
+}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def parse_money(text: str) -> Decimal:
+    """An add_budget amount: positive, at most MAX_AMOUNT, at most six decimals. ValueError says why."""
+    amount = parse_amount(text)
+    if amount <= 0:
+        raise ValueError(f"must be positive, got {amount}")
+    if amount != amount.quantize(Decimal(1).scaleb(-MONEY_DECIMALS)):
+        raise ValueError(f"must have at most {MONEY_DECIMALS} decimal places")
+    return amount
+
+
+# ── the ruling ───────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class Ruling:
+    """What to record for one signalled decision: one of ``decision``, ``rejection``, ``duplicate``."""
+
+    task_id: str
+    ref: str  # the decision id, or a digest of a payload without a usable one
+    request_id: str | None = None
+    node: str | None = None
+    decision: HumanDecision | None = None  # accepted: append under the resolution key
+    raise_ceiling: Decimal | None = None  # an accepted add_budget: the task scope's ceiling rises by this
+    rejection: str | None = None  # refused: append a REJECTED_INPUT marker with this reason
+    duplicate: bool = False  # this very decision is already the request's resolution: record nothing
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision is not None
+
+    def marker(self) -> SystemMarker:
+        """The audit record of a refusal: ``detail`` is ``"<decision id>: <reason>"``."""
+        assert self.rejection is not None
+        return SystemMarker(
+            kind=MarkerKind.REJECTED_INPUT,
+            request_id=self.request_id,
+            node=self.node,
+            detail=f"{self.ref}: {self.rejection}"[:2000],
+        )
+
+    def marker_key(self) -> str:
+        return rejection_key(self.task_id, self.ref)
+
+
+def allowed_approvers(policy: ApprovalPolicy, kind: RequestKind) -> tuple[str, ...]:
+    """Who may decide a request of this kind; empty means any approver with a key (authenticated)."""
+    for name, approvers in policy.approvers_by_kind.items():
+        if name == kind.value:
+            return approvers
+    return policy.approvers
+
+
+def resolutions(events: Iterable[StoredEvent], task_id: str) -> dict[str, StoredEvent]:
+    """Request id -> the event stored under its resolution key (a decision or a timeout marker)."""
+    prefix = resolution_key(task_id, "")
+    return {e.dedup_key[len(prefix) :]: e for e in events if e.dedup_key.startswith(prefix)}
+
+
+def describe_resolution(stored: StoredEvent) -> str:
+    """``"approve by director"`` or ``"timed out"``: how a request was resolved."""
+    event = parse(stored)
+    if isinstance(event, HumanDecision):
+        amount = f" {event.amount}" if event.amount is not None else ""
+        return f"{event.decision.value}{amount} by {event.approver}"
+    if isinstance(event, SystemMarker) and event.kind == MarkerKind.TIMEOUT:
+        return "timed out"
+    return f"{stored.type} #{stored.seq}"
+
+
+def evaluate(
+    task_id: str,
+    raw: Any,
+    p: Projection,
+    keys: Mapping[str, str],
+    resolved: Mapping[str, StoredEvent] | None = None,
+) -> Ruling:
+    """Rule on one raw decision against the task's fold ``p`` and the approvers' ``keys``.
+
+    ``resolved`` maps request ids to their resolution events (:func:`resolutions`), to tell a repeat of the
+    decision that resolved a request (a duplicate: nothing to record) from a late or conflicting one.
+    """
+    ref = decision_ref(raw)
+    raw_rid = raw.get("request_id") if isinstance(raw, dict) else None
+    rid = raw_rid if isinstance(raw_rid, str) and _REQUEST_ID.fullmatch(raw_rid) else None
+    view = p.requests.get(rid) if rid is not None else None
+    node = view.request.node if view is not None else None
+
+    def refuse(reason: str) -> Ruling:
+        return Ruling(task_id=task_id, ref=ref, request_id=rid, node=node, rejection=reason)
+
+    parsed = parse_decision(raw)
+    if isinstance(parsed, str):
+        return refuse(parsed)
+    d = parsed
+    # Authentication: a key for this approver, and a signature over this task's canonical message.
+    key = keys.get(d.approver)
+    if key is None:
+        return refuse(f"unknown approver {d.approver!r}")
+    expected = hmac.new(key.encode(), d.message(task_id).encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, d.signature):
+        return refuse(
+            f"bad signature for approver {d.approver!r} (forged, altered or signed for another task)"
+        )
+    if view is None:
+        return refuse(f"no request {d.request_id!r} in task {task_id}")
+    # Authorisation: the plan names who may decide.
+    allowed = allowed_approvers(p.plan.approval, view.request.kind)
+    if allowed and d.approver not in allowed:
+        return refuse(
+            f"{d.approver} may not decide {view.request.kind.value} requests (allowed: {', '.join(allowed)})"
+        )
+    if not view.open:
+        stored = (resolved or {}).get(d.request_id)
+        if stored is not None:
+            repeat = conflict(task_id, raw, stored)
+            if repeat.duplicate:
+                return repeat
+            return refuse(repeat.rejection or "already resolved")
+        return refuse(f"already resolved: {_describe_view(view)}")
+    if p.terminal:
+        return refuse(f"task {task_id} is already {p.state.value}")
+    if d.decision not in view.request.options:
+        options = ", ".join(o.value for o in view.request.options)
+        return refuse(f"{d.decision.value} is not an option of {d.request_id} (options: {options})")
+    amount: Decimal | None = None
+    if d.decision == HumanDecisionType.ADD_BUDGET:
+        if d.amount is None:
+            return refuse("add_budget needs an amount")
+        try:
+            amount = parse_money(d.amount)
+        except ValueError as e:
+            return refuse(f"amount {d.amount[:40]!r} {e}")
+    elif d.amount is not None:
+        return refuse(f"an amount is only for add_budget, not {d.decision.value}")
+    event = HumanDecision(
+        request_id=d.request_id,
+        decision=d.decision,
+        approver=d.approver,
+        note=d.note,
+        amount=amount,
+        decision_id=d.decision_id,
+    )
+    return Ruling(task_id=task_id, ref=ref, request_id=rid, node=node, decision=event, raise_ceiling=amount)
+
+
+def conflict(task_id: str, raw: Any, existing: StoredEvent) -> Ruling:
+    """The ruling for a decision whose request's resolution key turned out to be taken by ``existing``.
+
+    The same decision again is a duplicate (nothing to record); anything else lost the race and is told so.
+    """
+    ref = decision_ref(raw)
+    rid = existing.dedup_key.removeprefix(resolution_key(task_id, ""))
+    event = parse(existing)
+    if isinstance(event, HumanDecision) and event.decision_id is not None and event.decision_id == ref:
+        return Ruling(task_id=task_id, ref=ref, request_id=rid, duplicate=True)
+    node = event.node if isinstance(event, SystemMarker) else None
+    reason = f"already resolved: {describe_resolution(existing)}"
+    return Ruling(task_id=task_id, ref=ref, request_id=rid, node=node, rejection=reason)
+
+
+def _describe_view(r: RequestView) -> str:
+    if r.decision is not None:
+        return f"{r.decision.value} by {r.decided_by}"
+    return "timed out"
+
+
+# ── the context package ──────────────────────────────────────────────────────────────────────────────
+
+_EFFECTS: Final[dict[tuple[RequestKind | None, HumanDecisionType], str]] = {
+    (RequestKind.APPROVAL, HumanDecisionType.APPROVE): "approve {node}: its dependents may run",
+    (RequestKind.DEAD_LETTER, HumanDecisionType.RESUME): "give {node} one more attempt",
+    (
+        RequestKind.ESCALATION,
+        HumanDecisionType.RESUME,
+    ): "resume the task (a failed node gets one more attempt)",
+    (RequestKind.INVALID_DECISION, HumanDecisionType.RESUME): "resume the task",
+    (None, HumanDecisionType.ADD_BUDGET): "raise the task's ceiling by the amount given, and resume",
+    (None, HumanDecisionType.ABORT): "fail the task: nothing further runs or is paid for",
+    (None, HumanDecisionType.APPROVE): "approve",
+    (None, HumanDecisionType.RESUME): "resume",
+}
+
+
+def option_effects(
+    kind: RequestKind, node: str | None, options: Sequence[HumanDecisionType]
+) -> list[dict[str, str]]:
+    """Each option with what it will do."""
+    out = []
+    for o in options:
+        text = _EFFECTS.get((kind, o)) or _EFFECTS[(None, o)]
+        out.append({"decision": o.value, "effect": text.format(node=node or "the node")})
+    return out
+
+
+def context_package(
+    p: Projection, kind: RequestKind, node: str | None, options: Sequence[HumanDecisionType]
+) -> dict[str, Any]:
+    """What a person needs to decide: failure history (every error of every attempt), spend so far and the
+    remaining budget, the options and their effect, and the artifacts concerned. JSON-safe and bounded."""
+    view = p.nodes.get(node) if node is not None else None
+    if view is not None and node is not None:
+        concerned = [node]
+    else:
+        concerned = [n for n in p.nodes if p.nodes[n].failures]
+    failures = sorted(
+        (
+            {
+                "node": n,
+                "attempt": f.attempt,
+                "kind": f.kind.value,
+                "error": f.error[:MAX_ERROR_SHOWN],
+                "at": f.at.isoformat(),
+            }
+            for n in concerned
+            for f in p.nodes[n].failures
+        ),
+        key=lambda f: (str(f["at"]), str(f["node"]), int(f["attempt"])),
+    )
+    omitted = 0
+    if view is None and len(failures) > MAX_FAILURES_SHOWN:
+        omitted = len(failures) - MAX_FAILURES_SHOWN
+        failures = failures[-MAX_FAILURES_SHOWN:]
+    package: dict[str, Any] = {
+        "spend": {
+            "ceiling": str(p.ceiling),
+            "spent": str(p.spent),
+            "reserved": str(p.reserved),
+            "remaining": str(p.ceiling - p.spent - p.reserved),
+            "inference_spent": str(p.inference_spent),
+        },
+        "failures": failures,
+        "options": option_effects(kind, node, options),
+        "artifacts": _artifacts(p, node),
+    }
+    if omitted:
+        package["failures_omitted"] = omitted
+    if view is not None and node is not None:
+        spec = p.graph.nodes[node]
+        package["node"] = {
+            "id": node,
+            "stage": spec.stage.id,
+            "executor": spec.stage.executor,
+            "value": spec.stage.value.value,
+            "status": view.status.value,
+            "attempts": view.attempts,
+            "max_attempts": p.max_attempts(node),
+            "spent": str(view.spent),
+            "estimate": str(spec.stage.estimate),
+        }
+    return package
+
+
+def _artifacts(p: Projection, node: str | None) -> list[dict[str, Any]]:
+    """The node's own artifact and its inputs' (its dependencies'); task-level: the composition."""
+    if node is None or node not in p.nodes:
+        pairs = [(COMPOSE, "composition")] if COMPOSE in p.nodes else []
+    else:
+        pairs = [(node, "output"), *((d, "input") for d in p.graph.nodes[node].deps)]
+    out = []
+    for n, role in pairs:
+        artifact = p.nodes[n].artifact
+        if artifact is not None:
+            out.append({"node": n, "role": role, **artifact})
+    return out
+
+
+# ── the queue ────────────────────────────────────────────────────────────────────────────────────────
+
+_VALUE_RANK: Final = {Value.HERO: 0, Value.STANDARD: 1, Value.BACKGROUND: 2}
+_TASK_STOPPING: Final = frozenset({RequestKind.ESCALATION, RequestKind.INVALID_DECISION})
+
+
+@dataclass(frozen=True, slots=True)
+class QueueItem:
+    """One open request, with what orders it in the queue."""
+
+    task_id: str
+    request_id: str
+    kind: RequestKind
+    node: str | None
+    value: Value
+    blocking: bool  # stops the task, or blocks compliance or the release
+    opened_at: datetime
+    reason: str
+    options: tuple[str, ...]
+    deadline: datetime | None
+    cause: str | None  # the normalised root cause (failure text), for grouping; None: stands alone
+
+    @property
+    def global_id(self) -> str:
+        return f"{self.task_id}/{self.request_id}"
+
+    @property
+    def consequence(self) -> int:
+        """0: escalations and compliance/release-blocking requests, 1: dead letters, 2: approvals."""
+        if self.blocking:
+            return 0
+        return 1 if self.kind == RequestKind.DEAD_LETTER else 2
+
+    def sort_key(self) -> tuple[int, int, datetime, str, str]:
+        return (self.consequence, _VALUE_RANK[self.value], self.opened_at, self.task_id, self.request_id)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.global_id,
+            "task_id": self.task_id,
+            "request_id": self.request_id,
+            "kind": self.kind.value,
+            "node": self.node,
+            "value": self.value.value,
+            "blocking": self.blocking,
+            "opened_at": self.opened_at.isoformat(),
+            "deadline": self.deadline.isoformat() if self.deadline else None,
+            "reason": self.reason,
+            "options": list(self.options),
+            "cause": self.cause,
+        }
+
+
+def root_cause(text: str, *, task_id: str = "", node: str | None = None) -> str:
+    """A failure's text with what differs between otherwise identical failures masked: the task and node
+    ids, numbers and hex ids. Requests whose texts normalise alike share a root cause."""
+    t = text
+    for name in (task_id, node, node.rsplit("/", 1)[-1] if node else None):
+        if name:
+            t = t.replace(name, "<id>")
+    t = re.sub(r"\b[0-9a-f]{8,}\b|\d+(?:\.\d+)?", "#", t.lower())
+    return " ".join(t.split())[:300]
+
+
+def open_items(p: Projection, opened_at: Mapping[int, datetime]) -> list[QueueItem]:
+    """The task's open requests as queue items. ``opened_at`` maps the seq of each request's INTENT to its
+    recorded time (requests are ordered oldest first within a kind and value)."""
+    if p.terminal:
+        return []
+    best = min((s.value for s in p.plan.stages), key=_VALUE_RANK.__getitem__, default=Value.STANDARD)
+    out = []
+    for rid, r in p.requests.items():
+        if not r.open:
+            continue
+        req = r.request
+        spec = p.graph.nodes.get(req.node) if req.node else None
+        stage = spec.stage if spec is not None else None
+        blocking = req.kind in _TASK_STOPPING or (
+            stage is not None and (stage.gate or stage.id in (COMPOSE, REVIEW))
+        )
+        out.append(
+            QueueItem(
+                task_id=p.task_id,
+                request_id=rid,
+                kind=req.kind,
+                node=req.node,
+                value=stage.value if stage is not None else best,  # a task-level stop blocks its best node
+                blocking=blocking,
+                opened_at=opened_at.get(r.opened_seq, p.created_at),
+                reason=req.reason,
+                options=tuple(o.value for o in req.options),
+                deadline=req.deadline,
+                cause=_cause(p, req),
+            )
+        )
+    return out
+
+
+def _cause(p: Projection, req: HumanRequest) -> str | None:
+    if req.kind == RequestKind.APPROVAL:
+        return None  # an approval is a checkpoint, not a problem: it shares no cause
+    view = p.nodes.get(req.node) if req.node else None
+    if view is not None and view.last_failure is not None:
+        return root_cause(view.last_failure.error, task_id=p.task_id, node=req.node)
+    if req.kind == RequestKind.ESCALATION:
+        return root_cause(req.reason, task_id=p.task_id, node=req.node)
+    return None
+
+
+def order(items: Iterable[QueueItem]) -> list[QueueItem]:
+    """By consequence, then hero before standard before background, then oldest first."""
+    return sorted(items, key=QueueItem.sort_key)
+
+
+def group(items: Iterable[QueueItem]) -> list[list[QueueItem]]:
+    """Ordered items grouped by root cause; a group sits where its most pressing member does."""
+    groups: dict[str, list[QueueItem]] = {}
+    out: list[list[QueueItem]] = []
+    for item in order(items):
+        if item.cause is None:
+            out.append([item])
+            continue
+        members = groups.get(item.cause)
+        if members is None:
+            members = groups[item.cause] = []
+            out.append(members)
+        members.append(item)
+    return out
+
+
+# ── dead letters and request details ─────────────────────────────────────────────────────────────────
+
+_SUGGESTIONS: Final = {
+    FailureKind.TECHNICAL: "retry with a different model or vendor (technical failures used up the retries)",
+    FailureKind.STALLED: "retry with a different model or vendor (the job kept stalling)",
+    FailureKind.CONTENT: "edit the input by hand (the vendor refused the content: never resend it unchanged)",
+    FailureKind.INVALID_OUTPUT: "edit the input by hand (the output failed validation)",
+    FailureKind.UNKNOWN_OUTCOME: "a person decides: check at the vendor whether the job ran before resuming",
+}
+
+
+def suggestion(kind: FailureKind | None) -> str:
+    return _SUGGESTIONS.get(kind, "a person decides") if kind is not None else "a person decides"
+
+
+def attempts(events: Iterable[StoredEvent], node: str, *, up_to: int | None = None) -> list[dict[str, Any]]:
+    """Every dispatched attempt of ``node`` (up to seq ``up_to``): its action, result, error and cost."""
+    out: dict[str, dict[str, Any]] = {}
+    for stored in events:
+        if up_to is not None and stored.seq > up_to:
+            break
+        if stored.type not in ("Intent", "Failure", "Outcome"):
+            continue
+        event = parse(stored)
+        if isinstance(event, Intent) and isinstance(event.action, Dispatch) and event.action.node == node:
+            a = event.action
+            out[a.operation_key] = {
+                "attempt": a.attempt,
+                "operation_key": a.operation_key,
+                "executor": a.executor,
+                "estimate": str(a.estimate),
+                "dispatched_at": stored.recorded_at.isoformat(),
+                "result": "in flight",
+                "error": None,
+                "cost": "0",
+            }
+        elif isinstance(event, Failure | Outcome) and event.operation_key in out:
+            row = out[event.operation_key]
+            row["cost"] = str(event.actual_cost)
+            if isinstance(event, Failure):
+                row["result"], row["error"] = f"failed ({event.kind.value})", event.error
+            else:
+                row["result"] = "succeeded"
+    return list(out.values())
+
+
+def first_dispatch(events: Iterable[StoredEvent], node: str) -> dict[str, Any] | None:
+    """The original request: the action of the node's first Dispatch INTENT."""
+    for stored in events:
+        if stored.type != "Intent":
+            continue
+        event = parse(stored)
+        if isinstance(event, Intent) and isinstance(event.action, Dispatch) and event.action.node == node:
+            return event.action.model_dump(mode="json")
+    return None
+
+
+def status_of(r: RequestView, resolution: StoredEvent | None) -> str:
+    if r.open:
+        return "open"
+    return describe_resolution(resolution) if resolution is not None else _describe_view(r)
+
+
+def dead_letters(p: Projection, events: Sequence[StoredEvent]) -> list[dict[str, Any]]:
+    """Every dead-letter request of the task, open or resolved, with the whole story of its node."""
+    resolved = resolutions(events, p.task_id)
+    out = []
+    for rid, r in p.requests.items():
+        req = r.request
+        if req.kind != RequestKind.DEAD_LETTER or req.node is None or req.node not in p.nodes:
+            continue
+        tries = attempts(events, req.node, up_to=r.opened_seq)
+        last = next((f for f in reversed(p.nodes[req.node].failures)), None)
+        stage = p.graph.nodes[req.node].stage
+        item = p.graph.nodes[req.node].item
+        original = first_dispatch(events, req.node)
+        out.append(
+            {
+                "id": f"{p.task_id}/{rid}",
+                "task_id": p.task_id,
+                "request_id": rid,
+                "node": req.node,
+                "status": status_of(r, resolved.get(rid)),
+                "reason": req.reason,
+                "original_request": {
+                    "action": original,
+                    "input": {**stage.input, **({"item": item} if item else {})},
+                },
+                "attempts": tries,
+                "cost": str(sum((Decimal(a["cost"]) for a in tries), Decimal(0))),
+                "failure_kind": last.kind.value if last is not None else None,
+                "suggested_action": suggestion(last.kind if last is not None else None),
+            }
+        )
+    return out
+
+
+def request_detail(p: Projection, events: Sequence[StoredEvent], request_id: str) -> dict[str, Any] | None:
+    """Everything about one request: the question, its status, the context package as it stood when asked
+    and as it stands now, the node's attempts, the decision, and every refused answer."""
+    r = p.requests.get(request_id)
+    if r is None:
+        return None
+    req = r.request
+    resolution = resolutions(events, p.task_id).get(request_id)
+    refused = []
+    for stored in events:
+        if stored.type != "SystemMarker" or stored.payload.get("request_id") != request_id:
+            continue
+        marker = parse(stored)
+        if isinstance(marker, SystemMarker) and marker.kind == MarkerKind.REJECTED_INPUT:
+            refused.append({"seq": stored.seq, "at": stored.recorded_at.isoformat(), "detail": marker.detail})
+    opened = next((e for e in events if e.seq == r.opened_seq), None)
+    return {
+        "id": f"{p.task_id}/{request_id}",
+        "task_id": p.task_id,
+        "task_state": p.state.value,
+        "goal": p.plan.goal,
+        "request_id": request_id,
+        "kind": req.kind.value,
+        "node": req.node,
+        "reason": req.reason,
+        "options": [o.value for o in req.options],
+        "deadline": req.deadline.isoformat() if req.deadline else None,
+        "timeout_policy": req.timeout_policy.value if req.timeout_policy else None,
+        "opened_at": opened.recorded_at.isoformat() if opened is not None else None,
+        "approvers": list(allowed_approvers(p.plan.approval, req.kind)) or "any approver with a key",
+        "status": status_of(r, resolution),
+        "resolution": resolution.payload if resolution is not None else None,
+        "context_at_request": req.context,
+        "context_now": context_package(p, req.kind, req.node, req.options),
+        "attempts": attempts(events, req.node) if req.node in p.nodes and req.node is not None else [],
+        "refused": refused,
+    }

@@ -1,0 +1,119 @@
+"""Gates, review and rollback end to end: each verdict path on real servers, the simulator as the model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from rules.events import parse
+from rules.projection import fold
+
+PIPELINE = """
+goal: three shots and an edit
+budget_ceiling: 40
+rework_limit: {limit}
+stages:
+  - {{id: script, executor: llm.text, estimate: 0.10}}
+  - {{id: shots, executor: image.keyframe, estimate: 0.40, depends_on: [script], fan_out: 3, canary: false}}
+  - {{id: edit, executor: edit.assembly, estimate: 0.20, depends_on: [shots]}}
+"""
+REWORK_S02 = json.dumps(
+    {"scores": {"visual": 0.4}, "blame": {"visual": ["shots/S02"]}, "reasons": ["S02 off"]}
+)
+PASS = json.dumps({"scores": {"visual": 0.9}, "blame": {}, "reasons": []})
+
+
+def dispatches(lf, task_id):
+    return [
+        parse(e).action
+        for e in lf.recorder.read_events(task_id)
+        if e.type == "Intent" and e.payload["action"]["kind"] == "Dispatch"
+    ]
+
+
+async def wait_state(handle, states, timeout=30.0):
+    async def poll():
+        while (status := await handle.query("status"))["state"] not in states:
+            await asyncio.sleep(0.1)
+        return status
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
+async def test_soft_warning_completes_with_its_verdict(lf, sim):
+    await sim.configure(chat_default=json.dumps({"scores": {"clarity": 0.7}, "blame": {}, "reasons": []}))
+    result = await lf.run(lf.plan(PIPELINE.format(limit=2)))
+    assert result.state == "Completed" and result.summary["verdict"] == "SoftWarning"
+
+
+async def test_quality_rework_rolls_back_to_the_flagged_node_and_reruns_only_what_it_invalidated(lf, sim):
+    # The model blames shots/S02 until it sees S02's second version, then passes.
+    await sim.configure(chat_default=REWORK_S02, chat_script=[{"match": '"shots/S02": 2', "content": PASS}])
+    plan = lf.plan(PIPELINE.format(limit=2))
+    result = await lf.run(plan)
+    assert result.state == "Completed" and result.summary["verdict"] == "Pass"
+    p = fold(lf.recorder.read_events(plan.task_id))
+    assert p.rework_rounds == 1
+    rollback = next(parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "Rollback")
+    assert rollback.target == "shots/S02"
+    assert set(rollback.invalidated) == {"shots/S02", "edit", "compose", "review"}
+    attempts = {n: v.attempts for n, v in p.nodes.items()}
+    assert attempts == {
+        "script": 1,
+        "shots/S01": 1,
+        "shots/S02": 2,
+        "shots/S03": 1,
+        "edit": 2,
+        "compose": 2,
+        "review": 2,
+    }
+    rerun = [d for d in dispatches(lf, plan.task_id) if d.node == "shots/S02"][-1]
+    assert "visual" in " ".join(rerun.input["feedback"]["review_findings"])  # the findings go with the rerun
+
+
+async def test_rework_limit_escalates_instead_of_a_second_round(lf, sim):
+    await sim.configure(chat_default=REWORK_S02)  # never satisfied
+    plan = lf.plan(PIPELINE.format(limit=1))
+    handle = await lf.start(plan)
+    status = await wait_state(handle, {"Escalated"})
+    assert "rework limit of 1" in status["escalation_reason"]
+    assert fold(lf.recorder.read_events(plan.task_id)).rework_rounds == 1
+    await handle.terminate("test over")
+
+
+async def test_compliance_block_fails_the_task_with_no_rollback_and_no_rework(lf, sim):
+    plan = lf.plan(
+        PIPELINE.format(limit=2).replace("{id: edit,", "{id: edit, input: {note: '[banned] logo'},")
+    )
+    result = await lf.run(plan)
+    assert result.state == "Failed"
+    assert (
+        result.summary["verdict"] == "ComplianceBlock"
+        and "compliance block" in result.summary["terminal_reason"]
+    )
+    types = [e.type for e in lf.recorder.read_events(plan.task_id)]
+    assert "Rollback" not in types and fold(lf.recorder.read_events(plan.task_id)).rework_rounds == 0
+
+
+async def test_failed_static_gate_terminates_before_the_expensive_node_spends_anything(lf, sim):
+    plan = lf.plan(
+        PIPELINE.format(limit=2).replace(
+            "{id: edit, executor: edit.assembly,",
+            "{id: edit, executor: edit.assembly, gate: true, input: {music: unlicensed},",
+        )
+    )
+    result = await lf.run(plan)
+    assert result.state == "Failed" and "compliance gate failed: edit" in result.summary["terminal_reason"]
+    assert "edit" not in {d.node for d in dispatches(lf, plan.task_id)}
+    assert await sim.charges(f"{plan.task_id}:edit") == []
+    assert "Rollback" not in [e.type for e in lf.recorder.read_events(plan.task_id)]
+
+
+async def test_a_failed_canary_stops_the_fan_out(lf, sim):
+    await sim.configure(executors={"image.keyframe": {"reject_content": 1.0}})
+    plan = lf.plan(PIPELINE.format(limit=2).replace(", canary: false", ""))
+    handle = await lf.start(plan)
+    status = await wait_state(handle, {"WaitingHuman"})
+    assert [r["id"] for r in status["open_requests"]] == ["dead_letter:shots/S01:a1"]
+    assert [d.node for d in dispatches(lf, plan.task_id)] == ["script", "shots/S01"]  # S02, S03 never sent
+    await handle.terminate("test over")
