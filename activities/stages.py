@@ -188,13 +188,16 @@ class StageActivities:
             detail=f"possible duplicate charge: {why}",
         )
         await self._write(inp.task_id, to_new(anomaly, dedup_key=f"{key}:cost_anomaly", operation_key=key))
+        # Counted as spent at the reserved estimate: a charge that may have happened is accounted for, never
+        # lost (the person who decides can see the anomaly and the vendor's invoice).
         failure = Failure(
             node=inp.node,
             operation_key=key,
             kind=FailureKind.UNKNOWN_OUTCOME,
             error=f"the vendor cannot say whether {key} ran ({why}); not resubmitted",
+            actual_cost=inp.estimate,
         )
-        return await self._resolve(inp, failure, spend=Decimal(0))
+        return await self._resolve(inp, failure, spend=inp.estimate)
 
     async def _settle(self, inp: StageInput, job: VendorJob) -> StoredEvent:
         key = inp.operation_key

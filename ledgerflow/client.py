@@ -15,7 +15,7 @@ from ledgerflow.config import Settings
 from ledgerflow.routes import load_routes
 from rules.envelope import StoredEvent
 from rules.plan import Plan, load_plan
-from rules.projection import fold, summary
+from rules.projection import Projection, fold, summary
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
 
@@ -118,11 +118,25 @@ async def resume(settings: Settings, task_id: str, *, wait: bool = False) -> dic
     return {"workflow_id": new.id, **result.summary}
 
 
+def task_histories(rec: Recorder, *, unfinished: bool) -> list[tuple[Projection, list[StoredEvent]]]:
+    """Every task in the ledger, folded (only unfinished ones if asked); histories that do not start with
+    TaskCreated (leases taken by something other than a task) are not tasks and are skipped."""
+    out = []
+    for task_id in rec.task_ids():
+        events = rec.read_events(task_id)
+        if not events or events[0].type != "TaskCreated":
+            continue
+        p = fold(events)
+        if not (unfinished and p.terminal):
+            out.append((p, events))
+    return out
+
+
 async def open_tasks_without_a_run(settings: Settings) -> list[str]:
     """Tasks the ledger says are unfinished but whose workflow is not running (candidates for takeover)."""
     rec = recorder(settings)
     try:
-        candidates = [t for t in rec.task_ids() if not fold(rec.read_events(t)).terminal]
+        candidates = [p.task_id for p, _ in task_histories(rec, unfinished=True)]
     finally:
         rec.dispose()
     client = await connect(settings)

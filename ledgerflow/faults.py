@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 POINTS = (
     "intent_recorded",  # the fenced INTENT committed (ledger.append)
@@ -36,4 +37,6 @@ def mark(point: str, **fields: object) -> None:
         sys.stdout.flush()
         # Stop every thread of the process at once (the event loop, Temporal's core, the activity threads):
         # a sleeping thread would leave the rest of the worker running. The test SIGKILLs it (or SIGCONTs it).
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # pthread_kill to this thread: stops the process before the next line of this thread can run
+        # (os.kill to the process is delivered asynchronously, and the thread may go on briefly).
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)

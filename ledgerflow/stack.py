@@ -76,7 +76,8 @@ def start_temporal(state: Path, port: int, ui_port: int, log: Path) -> subproces
         "warn",
         *TEMPORAL_PRAGMAS,
     ]
-    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     wait_port("127.0.0.1", port, timeout=60)
     return proc
 
@@ -85,20 +86,22 @@ def start_simulator(port: int, log: Path, config: Path | None = None) -> subproc
     cmd = [sys.executable, "-m", "vendors.simulator", "--port", str(port)]
     if config is not None:
         cmd += ["--config", str(config)]
-    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     wait_port("127.0.0.1", port)
     return proc
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     root = Path(__file__).resolve().parent.parent
-    return subprocess.Popen(
-        [sys.executable, str(root / "worker.py")],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **env},
-        start_new_session=True,
-    )
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(root / "worker.py")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
 
 
 def read_stack(settings: Settings) -> dict[str, Any]:

@@ -370,7 +370,7 @@ _EFFECTS: Final[dict[tuple[RequestKind | None, HumanDecisionType], str]] = {
     (
         RequestKind.ESCALATION,
         HumanDecisionType.RESUME,
-    ): "resume the task (a failed node gets one more attempt)",
+    ): "resume the task: a failed node gets one more attempt, a timed-out approval is given",
     (RequestKind.INVALID_DECISION, HumanDecisionType.RESUME): "resume the task",
     (None, HumanDecisionType.ADD_BUDGET): "raise the task's ceiling by the amount given, and resume",
     (None, HumanDecisionType.ABORT): "fail the task: nothing further runs or is paid for",
@@ -577,16 +577,18 @@ def order(items: Iterable[QueueItem]) -> list[QueueItem]:
 
 
 def group(items: Iterable[QueueItem]) -> list[list[QueueItem]]:
-    """Ordered items grouped by root cause; a group sits where its most pressing member does."""
-    groups: dict[str, list[QueueItem]] = {}
+    """Ordered items grouped by root cause within each consequence tier (a shared cause never lifts a dead
+    letter above an escalation); a group sits where its most pressing member does."""
+    groups: dict[tuple[int, str], list[QueueItem]] = {}
     out: list[list[QueueItem]] = []
     for item in order(items):
         if item.cause is None:
             out.append([item])
             continue
-        members = groups.get(item.cause)
+        key = (item.consequence, item.cause)
+        members = groups.get(key)
         if members is None:
-            members = groups[item.cause] = []
+            members = groups[key] = []
             out.append(members)
         members.append(item)
     return out

@@ -60,13 +60,20 @@ LEDGER_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=5),
     non_retryable_error_types=NON_RETRYABLE,
 )
+# An operation is retried under its own OperationKey until it resolves (unlimited attempts): every attempt
+# reconciles before sending anything, so a retry can never pay twice, and giving up on an operation whose job
+# may be paid for would lose the charge. Only what no retry can fix ends it; a stuck job is the watchdog's.
 STAGE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=5,
-    non_retryable_error_types=["VendorConflict", "VendorRejected", "StaleEpoch", "ArtifactHashMismatch"],
+    # Short enough that a frozen worker's open polls (which the server still hands retries to until they
+    # expire) cost a task seconds, not minutes.
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,
+    non_retryable_error_types=["VendorConflict", "VendorRejected", "StaleEpoch"],
 )
+# What an executor's unfixable error means for the rules.
+_GAVE_UP = {"VendorRejected": FailureKind.CONTENT, "VendorConflict": FailureKind.UNKNOWN_OUTCOME}
 
 
 class TaskInput(BaseModel):
@@ -98,6 +105,7 @@ class TaskWorkflow:
         self._ceiling_at = datetime.max.replace(tzinfo=UTC)
         self._heartbeat_timeout = timedelta(seconds=30)
         self._arrived: list[StoredEvent] = []  # result events executors returned, not yet folded
+        self._fenced: str | None = None  # set when an executor learns another run holds the task
         self._started: set[str] = set()  # operation keys this run has started an executor for
         self._inbox: list[Any] = []  # decisions signalled by people, not yet validated and recorded
 
@@ -127,6 +135,10 @@ class TaskWorkflow:
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
         while not p.terminal:
+            if self._fenced is not None:
+                raise ApplicationError(
+                    f"run fenced off: {self._fenced}", type="StaleEpoch", non_retryable=True
+                )
             self._adopt_open_operations(p)
             await self._take_decisions(p)
             if p.terminal:
@@ -141,6 +153,9 @@ class TaskWorkflow:
                 continue
             recorded = await self._record(p, rule, action)
             self._act(p, recorded)
+        # Decisions signalled while the task was ending are recorded too (rejected: the request is closed), so
+        # every one of them is in the audit trail.
+        await self._take_decisions(p)
         alarm.cancel()
         for task in self._running.values():
             task.cancel()  # a terminal task stops its in-flight work (R1/R2/R4)
@@ -288,12 +303,15 @@ class TaskWorkflow:
             )
             self._arrived.append(StoredEvent.model_validate(result))
         except ActivityError as e:
-            # The executor gave up without writing its own result: record a technical failure so the rules
-            # can retry or ask a person. Idempotent: if the executor did write a result, that one wins.
+            cause = _application_error(e)
+            if cause is not None and cause.type == "StaleEpoch":
+                self._fenced = cause.message  # another run holds the task: write nothing, stop (see run)
+                return
+            # The executor hit an error no retry can fix, before any job existed (a refused request): record
+            # it so the rules can ask a person. Idempotent: if the executor did write a result, that one wins.
             assert self._p is not None
-            failure = Failure(
-                node=node, operation_key=op_key, kind=FailureKind.TECHNICAL, error=_error_text(e)
-            )
+            kind = _GAVE_UP.get(cause.type if cause is not None and cause.type else "", FailureKind.TECHNICAL)
+            failure = Failure(node=node, operation_key=op_key, kind=kind, error=_error_text(e))
             result = to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key)
             await self._mark(self._p, result, release=reserved)
         finally:
@@ -379,6 +397,13 @@ class TaskWorkflow:
 
 class _BudgetRefused(Exception):
     """The ledger refused a reservation on a budget scope (raised inside this workflow only)."""
+
+
+def _application_error(e: ActivityError) -> ApplicationError | None:
+    cause = e.cause
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    return cause
 
 
 def _error_text(e: ActivityError) -> str:

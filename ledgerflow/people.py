@@ -1,0 +1,370 @@
+"""People in the loop, the operator's side: the queue of open requests, one request's context package,
+signing and sending a decision, and the dead-letter view (the CLI's ``queue``, ``request``, ``decide``,
+``dlq``). The ledger is the source: every view folds the tasks' events; a decision counts once the worker
+has recorded it, which ``decide`` waits for.
+
+Requests are named globally as ``TASK_ID/REQUEST_ID`` (a task id never contains ``/``; a request id may).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from temporalio.service import RPCError, RPCStatusCode
+
+from ledgerflow.client import ClientError, connect, recorder, task_histories
+from ledgerflow.config import Settings
+from rules.actions import RequestKind
+from rules.envelope import StoredEvent
+from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
+from rules.people import (
+    QueueItem,
+    dead_letters,
+    describe_resolution,
+    group,
+    open_items,
+    parse_money,
+    request_detail,
+    resolutions,
+    sign,
+)
+from rules.plan import ID_PATTERN
+from rules.projection import Projection, apply, fold
+
+DECISIONS = {"approve": "approve", "resume": "resume", "abort": "abort", "add-budget": "add_budget"}
+POLL_SECONDS = 30.0
+
+
+def parse_global_id(text: str) -> tuple[str, str]:
+    """``TASK_ID/REQUEST_ID`` -> (task id, request id); ClientError if it is not one."""
+    import re
+
+    task_id, sep, request_id = text.partition("/")
+    if not sep or not re.fullmatch(ID_PATTERN, task_id) or not request_id:
+        raise ClientError(f"{text[:80]!r} is not a request id of the form TASK_ID/REQUEST_ID")
+    return task_id, request_id
+
+
+def _tasks(settings: Settings, *, unfinished: bool) -> list[tuple[Projection, list[StoredEvent]]]:
+    rec = recorder(settings)
+    try:
+        return task_histories(rec, unfinished=unfinished)
+    finally:
+        rec.dispose()
+
+
+def _task(settings: Settings, task_id: str) -> tuple[Projection, list[StoredEvent]]:
+    rec = recorder(settings)
+    try:
+        events = rec.read_events(task_id)
+    finally:
+        rec.dispose()
+    if not events:
+        raise ClientError(f"no task {task_id!r} in the ledger")
+    return fold(events), events
+
+
+# ── queue ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def queue(settings: Settings) -> list[list[QueueItem]]:
+    """Open requests across unfinished tasks, most consequential first, grouped by root cause."""
+    items: list[QueueItem] = []
+    for p, events in _tasks(settings, unfinished=True):
+        opened_at = {e.seq: e.recorded_at for e in events if e.type == "Intent"}
+        items += open_items(p, opened_at)
+    return group(items)
+
+
+def queue_json(groups: list[list[QueueItem]]) -> list[dict[str, Any]]:
+    return [{"group": n, "group_size": len(g), **i.as_json()} for n, g in enumerate(groups, 1) for i in g]
+
+
+def queue_table(groups: list[list[QueueItem]], now: datetime | None = None) -> Text:
+    """One line per request (print with ``soft_wrap``: lines are never wrapped); a group's first member
+    shows its size, the others ``↳``."""
+    if not groups:
+        return Text("no open requests")
+    now = now or datetime.now(UTC)
+    rows = [("#", "REQUEST", "KIND", "VALUE", "AGE", "GROUP", "REASON")]
+    n = 0
+    for g in groups:
+        for i, item in enumerate(g):
+            n += 1
+            size = (f"×{len(g)}" if i == 0 else "↳") if len(g) > 1 else ""
+            kind = item.kind.value + ("*" if item.blocking and item.kind == RequestKind.DEAD_LETTER else "")
+            reason = item.reason if len(item.reason) <= 100 else item.reason[:99] + "…"
+            rows.append(
+                (str(n), item.global_id, kind, item.value.value, _age(now - item.opened_at), size, reason)
+            )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
+    text = Text(f"{n} open requests, most consequential first\n", style="bold")
+    for j, row in enumerate(rows):
+        cells = [
+            row[c].rjust(widths[c]) if c in (0, 4, 5) else row[c].ljust(widths[c]) for c in range(len(widths))
+        ]
+        line = "  ".join(cells) + "  " + row[-1]
+        text.append(line.rstrip() + "\n", style="dim" if j == 0 else ("" if row[5] != "↳" else "italic"))
+    if any(i.blocking and i.kind == RequestKind.DEAD_LETTER for g in groups for i in g):
+        text.append("* blocks compliance or the release\n", style="dim")
+    return text
+
+
+def _age(delta: Any) -> str:
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+# ── one request ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def request(settings: Settings, task_id: str, request_id: str) -> dict[str, Any]:
+    p, events = _task(settings, task_id)
+    detail = request_detail(p, events, request_id)
+    if detail is None:
+        raise ClientError(f"no request {request_id!r} in task {task_id}")
+    return detail
+
+
+def request_view(d: dict[str, Any]) -> Group:
+    """The context package, for a person to read."""
+    ctx = d["context_now"]
+    spend = ctx["spend"]
+    approvers = d["approvers"]
+    lines: list[Any] = [
+        Text(f"{d['id']} — {d['kind']} — {d['status']}", style="bold"),
+        Text(f"task {d['task_id']} ({d['task_state']}): {d['goal']}"),
+        Text(f"reason:   {d['reason']}"),
+        Text(
+            f"node:     {d['node'] or '—'}   opened {d['opened_at']}   deadline {d['deadline'] or 'none'}"
+            f" (then: {d['timeout_policy'] or '—'})"
+        ),
+        Text(
+            f"spend:    spent {spend['spent']} + reserved {spend['reserved']} of {spend['ceiling']}"
+            f" — remaining {spend['remaining']}"
+        ),
+        Text(f"approvers: {approvers if isinstance(approvers, str) else ', '.join(approvers)}"),
+    ]
+    options = Table(title="options", title_justify="left", show_edge=False)
+    options.add_column("decision")
+    options.add_column("effect")
+    for o in ctx["options"]:
+        options.add_row(o["decision"].replace("_", "-"), o["effect"])
+    lines.append(options)
+    if d["attempts"]:
+        attempts = Table(title="attempts", title_justify="left", show_edge=False)
+        for col in ("#", "executor", "result", "cost", "error"):
+            attempts.add_column(col, overflow="fold")
+        for a in d["attempts"]:
+            attempts.add_row(
+                str(a["attempt"]), a["executor"], a["result"], a["cost"], (a["error"] or "")[:200]
+            )
+        lines.append(attempts)
+    if ctx["failures"] and not d["attempts"]:
+        failures = Table(title="failure history", title_justify="left", show_edge=False)
+        for col in ("node", "attempt", "kind", "error"):
+            failures.add_column(col, overflow="fold")
+        for f in ctx["failures"]:
+            failures.add_row(f["node"], str(f["attempt"]), f["kind"], f["error"][:300])
+        lines.append(failures)
+    for a in ctx["artifacts"]:
+        lines.append(Text(f"artifact ({a['role']}) {a['node']}: {a['uri']} sha256 {a['sha256'][:16]}…"))
+    for r in d["refused"]:
+        lines.append(Text(f"refused #{r['seq']}: {r['detail']}", style="yellow"))
+    return Group(*lines)
+
+
+# ── deciding ─────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Sent:
+    decision_id: str
+    status: str  # accepted | already resolved | rejected | pending
+    detail: str
+
+    @property
+    def line(self) -> str:
+        if self.status == "accepted":
+            return f"accepted ({self.detail})"
+        if self.status == "already resolved":
+            what, by, who = self.detail.rpartition(" by ")
+            return f"already resolved (by {who}: {what})" if by else f"already resolved ({self.detail})"
+        if self.status == "rejected":
+            return f"rejected: {self.detail}"
+        return f"pending: {self.detail}"
+
+
+def signed_payload(
+    settings: Settings,
+    task_id: str,
+    request_id: str,
+    decision: str,
+    approver: str,
+    *,
+    note: str = "",
+    amount: str | None = None,
+    decision_id: str | None = None,
+) -> dict[str, Any]:
+    """A decision signed with ``approver``'s key from the settings (checks the user's input first)."""
+    if decision not in DECISIONS:
+        raise ClientError(f"decision {decision[:40]!r} is not one of {', '.join(DECISIONS)}")
+    wire = DECISIONS[decision]
+    if wire == "add_budget":
+        if amount is None:
+            raise ClientError("add-budget needs --amount")
+        try:
+            amount = format(parse_money(amount), "f")
+        except ValueError as e:
+            raise ClientError(f"amount {amount[:40]!r} {e}") from None
+    elif amount is not None:
+        raise ClientError(f"--amount is only for add-budget, not {decision}")
+    key = settings.approver_key_map().get(approver)
+    if key is None:
+        raise ClientError(f"no key for approver {approver!r} (set LEDGERFLOW_APPROVER_KEYS)")
+    did = decision_id or str(uuid.uuid4())
+    return {
+        "decision_id": did,
+        "request_id": request_id,
+        "decision": wire,
+        "approver": approver,
+        "note": note,
+        "amount": amount,
+        "signature": sign(key, task_id, did, request_id, wire, approver, amount, note),
+    }
+
+
+def outcome(events: list[StoredEvent], decision_id: str) -> Sent | None:
+    """What the worker made of the decision ``decision_id``, if it has ruled yet."""
+    refused: Sent | None = None
+    for stored in events:
+        if stored.type == "HumanDecision" and stored.payload.get("decision_id") == decision_id:
+            event = parse(stored)
+            assert isinstance(event, HumanDecision)
+            amount = f" {event.amount}" if event.amount is not None else ""
+            return Sent(decision_id, "accepted", f"{event.decision.value}{amount} by {event.approver}")
+        detail = str(stored.payload.get("detail", ""))
+        if stored.type == "SystemMarker" and detail.startswith(f"{decision_id}: "):
+            marker = parse(stored)
+            if isinstance(marker, SystemMarker) and marker.kind == MarkerKind.REJECTED_INPUT:
+                reason = marker.detail[len(decision_id) + 2 :]
+                if reason.startswith("already resolved: "):
+                    refused = Sent(decision_id, "already resolved", reason.removeprefix("already resolved: "))
+                else:
+                    refused = Sent(decision_id, "rejected", reason)
+    return refused
+
+
+def ruling(p: Projection, events: list[StoredEvent], decision_id: str, request_id: str) -> Sent | None:
+    """The worker's ruling on ``decision_id`` (``events`` folded into ``p``), or None if there is none yet.
+
+    A task in a terminal state rules on nothing more (its loop has ended): a decision still without a ruling
+    then never gets one, and is answered from the ledger: its request was resolved, or the task ended.
+    """
+    found = outcome(events, decision_id)
+    if found is not None or not p.terminal:
+        return found
+    resolution = resolutions(events, p.task_id).get(request_id)
+    if resolution is not None:
+        return Sent(decision_id, "already resolved", describe_resolution(resolution))
+    return Sent(decision_id, "rejected", f"task {p.task_id} is already {p.state.value}")
+
+
+async def send(settings: Settings, task_id: str, payload: dict[str, Any]) -> None:
+    """Signal the task's workflow with the payload (as is: the worker validates it)."""
+    from workflows.task import workflow_id
+
+    client = await connect(settings)
+    handle = client.get_workflow_handle(workflow_id(task_id))
+    try:
+        await handle.signal("decide", payload)
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise ClientError(f"task {task_id!r} has no running workflow ({e.message})") from None
+        raise ClientError(f"Temporal refused the signal to {handle.id}: {e.message}") from None
+
+
+async def decide(
+    settings: Settings,
+    task_id: str,
+    request_id: str,
+    decision: str,
+    approver: str,
+    *,
+    note: str = "",
+    amount: str | None = None,
+    timeout: float = POLL_SECONDS,
+) -> Sent:
+    """Sign, send, and wait (up to ``timeout``) for the worker's ruling in the ledger."""
+    payload = signed_payload(settings, task_id, request_id, decision, approver, note=note, amount=amount)
+    p, events = _task(settings, task_id)
+    if p.terminal:
+        raise ClientError(f"task {task_id} is {p.state.value}: nothing to decide")
+    if request_id not in p.requests:
+        raise ClientError(f"no request {request_id!r} in task {task_id}")
+    await send(settings, task_id, payload)
+    did = payload["decision_id"]
+    rec = recorder(settings)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            new = rec.read_events(task_id, after_seq=events[-1].seq)
+            for e in new:
+                apply(p, e)
+            events += new
+            found = ruling(p, events, did, request_id)
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:
+                return Sent(did, "pending", f"no ruling within {timeout:g}s (is a worker running?)")
+            await asyncio.sleep(0.1)
+    finally:
+        rec.dispose()
+
+
+# ── dead letters ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def dlq(settings: Settings) -> list[dict[str, Any]]:
+    """Every node with a dead-letter request, open or resolved, across the ledger; open ones first."""
+    entries: list[dict[str, Any]] = []
+    for p, events in _tasks(settings, unfinished=False):
+        entries += dead_letters(p, events)
+    return sorted(entries, key=lambda e: e["status"] != "open")
+
+
+def dlq_view(entries: list[dict[str, Any]]) -> Group | Text:
+    if not entries:
+        return Text("no dead letters")
+    parts: list[Any] = []
+    for e in entries:
+        action = e["original_request"]["action"] or {}
+        parts.append(
+            Text(
+                f"{e['id']} — {e['status']} — node {e['node']} — cost {e['cost']}",
+                style="bold" if e["status"] == "open" else "",
+            )
+        )
+        parts.append(
+            Text(
+                f"  original: {action.get('executor', '?')} estimate {action.get('estimate', '?')} "
+                f"input {e['original_request']['input']}"
+            )
+        )
+        for a in e["attempts"]:
+            error = f": {a['error'][:160]}" if a["error"] else ""
+            parts.append(Text(f"  attempt {a['attempt']}: {a['result']}, cost {a['cost']}{error}"))
+        parts.append(Text(f"  suggested: {e['suggested_action']}", style="cyan"))
+    return Group(*parts)
