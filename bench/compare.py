@@ -85,13 +85,20 @@ async def throughput(fn, n: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU time used so far by each process of the stack (Postgres: the postmaster and all its backends)."""
+    """CPU time used so far by each process of the stack.
+
+    Postgres runs a backend per connection: a backend that exited has its time in the postmaster's
+    ``children_*`` times (the postmaster reaps it), a live one in its own; together they count each once.
+    """
     out = {}
     for name, pid in pids.items():
         try:
             proc = psutil.Process(pid)
-            procs = [proc, *proc.children(recursive=True)] if name == "postgres" else [proc]
-            out[name] = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+            t = proc.cpu_times()
+            out[name] = t.user + t.system
+            if name == "postgres":
+                out[name] += t.children_user + t.children_system
+                out[name] += sum(c.cpu_times().user + c.cpu_times().system for c in proc.children())
         except psutil.NoSuchProcess:
             out[name] = 0.0
     return out

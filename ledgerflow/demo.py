@@ -7,6 +7,7 @@ import contextlib
 import json
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ def run_demo(settings: Settings, plan_text: str, out: Console) -> int:
         reply.raise_for_status()
     task_id = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     plan = lf.parse_plan(plan_text, task_id)
+    _give_the_project_a_ceiling(settings, f"project:{plan.project}")
     summary, error = asyncio.run(_run(settings, plan, out))
     wall = time.monotonic() - started
     n_events = len(lf.events(settings, task_id))
@@ -49,6 +51,17 @@ def run_demo(settings: Settings, plan_text: str, out: Console) -> int:
     if error:
         out.print(f"[red]task failed:[/red] {error}")
     return 0 if summary.get("state") == "Completed" else 1
+
+
+def _give_the_project_a_ceiling(settings: Settings, scope: str) -> None:
+    """The demo project gets a 500.00 ceiling the first time, so `budget show` has a limit to show."""
+    rec = lf.recorder(settings)
+    try:
+        account = rec.account(scope)
+        if account is None or account.ceiling is None:
+            rec.set_ceiling(scope, Decimal("500"))
+    finally:
+        rec.dispose()
 
 
 async def _run(settings: Settings, plan: Any, out: Console) -> tuple[dict[str, Any], str | None]:

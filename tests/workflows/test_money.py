@@ -50,6 +50,7 @@ async def test_ten_tasks_race_for_a_project_budget_and_it_is_never_overdrawn(lf,
     escalated = [tid for tid, state in done.items() if state == "Escalated"]
     assert len(completed) == 5 and len(escalated) == 5, done
     assert len(samples) > 50 and max(samples) <= ceiling, (len(samples), max(samples))
+    print(f"race: max spent+reserved {max(samples)} of ceiling {ceiling} over {len(samples)} samples")
     for tid in escalated:
         p = fold(lf.recorder.read_events(tid))
         assert "budget refused: project:" in (p.escalation_reason or ""), p.escalation_reason
