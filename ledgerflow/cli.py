@@ -124,14 +124,7 @@ def submit(
     parsed = lf.parse_plan(_read(plan), task_id)
     tid = parsed.task_id or f"task-{uuid.uuid4().hex[:12]}"
     result = asyncio.run(lf.submit(settings, parsed, tid, wait=wait))
-    if as_json:
-        out.print_json(json.dumps(result, default=str))
-    elif wait:
-        out.print(f"task {tid}: {result['state']}  spent {result.get('spent')} of {result.get('ceiling')}")
-    else:
-        out.print(f"submitted task {tid} (workflow {result['workflow_id']})")
-    if wait and result.get("state") != "Completed":
-        raise typer.Exit(1)
+    _report_start(result, as_json, f"submitted task {tid} (workflow {result['workflow_id']})")
 
 
 @app.command()
@@ -143,15 +136,20 @@ def resume(
 ) -> None:
     """Take a task over from the ledger alone, after its workflow was terminated or lost."""
     result = asyncio.run(lf.resume(get_settings(), task_id, wait=wait))
+    _report_start(result, as_json, f"resumed task {task_id} (run {result.get('run_id')})")
+
+
+def _report_start(result: dict[str, Any], as_json: bool, started: str) -> None:
+    """Print a started (or, with --wait, finished) task; exit 1 when a waited-for task did not complete."""
+    finished = "state" in result
     if as_json:
         out.print_json(json.dumps(result, default=str))
-    elif wait:
-        out.print(
-            f"task {task_id}: {result['state']}  spent {result.get('spent')} of {result.get('ceiling')}"
-        )
+    elif finished:
+        money = f"spent {result.get('spent')} of {result.get('ceiling')}"
+        out.print(f"task {result['task_id']}: {result['state']}  {money}")
     else:
-        out.print(f"resumed task {task_id} (workflow {result['workflow_id']}, run {result['run_id']})")
-    if wait and result.get("state") != "Completed":
+        out.print(started)
+    if finished and result["state"] != "Completed":
         raise typer.Exit(1)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -16,7 +16,7 @@ from ledgerflow.routes import load_routes
 from rules.envelope import StoredEvent
 from rules.plan import Plan, load_plan
 from rules.projection import Projection, fold, summary
-from workflows.task import TaskInput, TaskWorkflow, workflow_id
+from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
 
 
 class ClientError(Exception):
@@ -70,13 +70,7 @@ async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = F
         ) from None
     except RPCError as e:
         raise ClientError(f"Temporal refused to start task {task_id!r}: {e.message}") from None
-    if not wait:
-        return {"task_id": task_id, "workflow_id": handle.id, "run_id": handle.result_run_id}
-    try:
-        result = await handle.result()
-    except WorkflowFailureError as e:
-        return {"task_id": task_id, "workflow_id": handle.id, "state": "Failed", "error": str(e.cause or e)}
-    return {"workflow_id": handle.id, **result.summary}
+    return await _outcome(handle, task_id, wait)
 
 
 async def resume(settings: Settings, task_id: str, *, wait: bool = False) -> dict[str, Any]:
@@ -109,13 +103,18 @@ async def resume(settings: Settings, task_id: str, *, wait: bool = False) -> dic
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
     )
+    return await _outcome(new, task_id, wait)
+
+
+async def _outcome(handle: WorkflowHandle[Any, TaskResult], task_id: str, wait: bool) -> dict[str, Any]:
+    """What a started run tells its caller: ids, or with ``wait`` the final summary (state included)."""
     if not wait:
-        return {"task_id": task_id, "workflow_id": new.id, "run_id": new.result_run_id}
+        return {"task_id": task_id, "workflow_id": handle.id, "run_id": handle.result_run_id}
     try:
-        result = await new.result()
+        result = await handle.result()
     except WorkflowFailureError as e:
-        return {"task_id": task_id, "workflow_id": new.id, "state": "Failed", "error": str(e.cause or e)}
-    return {"workflow_id": new.id, **result.summary}
+        return {"task_id": task_id, "workflow_id": handle.id, "state": "Failed", "error": str(e.cause or e)}
+    return {"workflow_id": handle.id, **result.summary}
 
 
 def task_histories(rec: Recorder, *, unfinished: bool) -> list[tuple[Projection, list[StoredEvent]]]:
