@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from ledgerflow.versions import evals, show_at
 from rules.events import parse
 from rules.projection import fold
 
@@ -117,3 +118,20 @@ async def test_a_failed_canary_stops_the_fan_out(lf, sim):
     assert [r["id"] for r in status["open_requests"]] == ["dead_letter:shots/S01:a1"]
     assert [d.node for d in dispatches(lf, plan.task_id)] == ["script", "shots/S01"]  # S02, S03 never sent
     await handle.terminate("test over")
+
+
+async def test_evals_list_scores_per_version_and_flag_a_regression(lf, sim):
+    first = json.dumps({"scores": {"visual": 0.4, "story": 0.9}, "blame": {"visual": ["shots/S02"]}})
+    second = json.dumps({"scores": {"visual": 0.9, "story": 0.7}, "blame": {}})  # the fix cost the story
+    await sim.configure(chat_default=first, chat_script=[{"match": '"shots/S02": 2', "content": second}])
+    plan = lf.plan(PIPELINE.format(limit=2))
+    result = await lf.run(plan)
+    assert result.state == "Completed" and result.summary["verdict"] == "SoftWarning"
+    rows = evals(lf.settings, plan.task_id, threshold=0.1)
+    assert [(r.version, r.verdict, r.scores) for r in rows] == [
+        (1, "QualityRework", {"visual": 0.4, "story": 0.9}),
+        (2, "SoftWarning", {"visual": 0.9, "story": 0.7}),
+    ]
+    assert rows[0].regressions == {} and rows[1].regressions == {"story": (0.9, 0.7)}
+    then = show_at(lf.settings, plan.task_id, rows[0].seq)  # time travel: the state the first verdict left
+    assert then["verdict"] == "QualityRework" and then["nodes"]["shots/S02"]["status"] == "succeeded"
