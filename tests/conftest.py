@@ -178,6 +178,12 @@ class Ledgerflow:
         return await (await self.start(plan)).result()
 
 
+@pytest.fixture
+def sim_key() -> str:
+    """The simulator's API key, for tests that build their own vendor or chat client."""
+    return SIM_KEY
+
+
 def new_task_id() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 

@@ -7,11 +7,11 @@ path as R11: ready node, static gate, cost admission) or it becomes a question t
 from __future__ import annotations
 
 import json
+import uuid
 from decimal import Decimal
 
 import httpx
 import pytest
-from conftest import SIM_KEY, new_task_id
 from temporalio.testing import ActivityEnvironment
 
 from activities.llm import ChatClient, LlmActivities
@@ -33,7 +33,7 @@ stages:
 
 
 def open_task(recorder, ceiling: str = "5"):
-    task_id = new_task_id()
+    task_id = f"llm-{uuid.uuid4().hex[:12]}"
     plan = load_plan(PLAN.format(ceiling=ceiling), DEFAULT_ROUTES, task_id=task_id)
     epoch = recorder.take_lease(task_id, "test")
     recorder.open_budget(task_id, budget_scopes(plan, task_id))
@@ -41,9 +41,9 @@ def open_task(recorder, ceiling: str = "5"):
     return task_id
 
 
-async def ask(recorder, simulator_url: str, task_id: str):
+async def ask(recorder, simulator_url: str, sim_key: str, task_id: str):
     async with httpx.AsyncClient(timeout=10) as http:
-        chat = ChatClient(http, simulator_url, SIM_KEY, "sim-planner-1", Decimal("0.002"))
+        chat = ChatClient(http, simulator_url, sim_key, "sim-planner-1", Decimal("0.002"))
         p = fold(recorder.read_events(task_id))
         inp = LlmDecideInput(
             task_id=task_id, watermark=p.watermark, summary=summary(p), allowed=ALLOWED_LLM_ACTIONS
@@ -53,10 +53,12 @@ async def ask(recorder, simulator_url: str, task_id: str):
     return proposal, p
 
 
-async def test_a_valid_proposal_becomes_the_same_dispatch_the_rules_would_make(recorder, sim, simulator_url):
+async def test_a_valid_proposal_becomes_the_same_dispatch_the_rules_would_make(
+    recorder, sim, simulator_url, sim_key
+):
     await sim.configure(chat_default=json.dumps({"action": "dispatch", "node": "a", "reason": "start here"}))
     task_id = open_task(recorder)
-    proposal, p = await ask(recorder, simulator_url, task_id)
+    proposal, p = await ask(recorder, simulator_url, sim_key, task_id)
     problem, action = check_llm_action(p, proposal, p.created_at)
     assert problem is None and isinstance(action, Dispatch)
     assert (action.node, action.operation_key, action.estimate) == ("a", f"{task_id}:a:a1", Decimal("1.00"))
@@ -78,10 +80,10 @@ async def test_a_valid_proposal_becomes_the_same_dispatch_the_rules_would_make(r
     ],
     ids=["truncated", "array", "wrong-type", "extra-field", "huge", "instructions", "not-ready"],
 )
-async def test_malformed_output_never_becomes_an_action(recorder, sim, simulator_url, output, why):
+async def test_malformed_output_never_becomes_an_action(recorder, sim, simulator_url, sim_key, output, why):
     await sim.configure(chat_default=output)
     task_id = open_task(recorder)
-    proposal, p = await ask(recorder, simulator_url, task_id)
+    proposal, p = await ask(recorder, simulator_url, sim_key, task_id)
     problem, action = check_llm_action(p, proposal, p.created_at)
     assert action is None and problem is not None
     decision = next(parse(e) for e in recorder.read_events(task_id) if e.type == "Decision")
@@ -90,19 +92,19 @@ async def test_malformed_output_never_becomes_an_action(recorder, sim, simulator
 
 
 async def test_an_over_budget_proposal_is_refused_by_the_same_admission_as_the_rules(
-    recorder, sim, simulator_url
+    recorder, sim, simulator_url, sim_key
 ):
     await sim.configure(chat_default=json.dumps({"action": "dispatch", "node": "a", "reason": "go"}))
     # 1.00 + the 0.05 inference reserve fits exactly; the planner's own call then spends a little of it.
     task_id = open_task(recorder, ceiling="1.05")
-    proposal, p = await ask(recorder, simulator_url, task_id)
+    proposal, p = await ask(recorder, simulator_url, sim_key, task_id)
     problem, action = check_llm_action(p, proposal, p.created_at)
     assert action is None and problem == "dispatch of a refused by cost admission (estimate 1.0)"
 
 
-async def test_the_model_can_only_escalate_to_a_person_not_past_one(recorder, sim, simulator_url):
+async def test_the_model_can_only_escalate_to_a_person_not_past_one(recorder, sim, simulator_url, sim_key):
     await sim.configure(chat_default=json.dumps({"action": "escalate", "reason": "this looks wrong"}))
     task_id = open_task(recorder)
-    proposal, p = await ask(recorder, simulator_url, task_id)
+    proposal, p = await ask(recorder, simulator_url, sim_key, task_id)
     _problem, action = check_llm_action(p, proposal, p.created_at)
     assert isinstance(action, Escalate) and not action.terminal and action.request is not None
