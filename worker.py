@@ -79,18 +79,7 @@ async def build_worker(
         ],
         activity_executor=executor,
         max_concurrent_activities=64,
-        **_runner_override(),
     )
-
-
-def _runner_override() -> dict[str, object]:
-    import os
-
-    if os.environ.get("LF_UNSANDBOXED"):
-        from temporalio.worker import UnsandboxedWorkflowRunner
-
-        return {"workflow_runner": UnsandboxedWorkflowRunner()}
-    return {}
 
 
 async def connect(settings: Settings) -> Client:
