@@ -121,6 +121,10 @@ _UPGRADES: Final = (
 )
 
 
+# Bump when the DDL below changes: databases at an older version run it again (it is idempotent).
+SCHEMA_VERSION = 2
+
+
 def create_schema_on(conn: Connection) -> None:
     """Create the tables, the refusing function and its triggers on ``conn``, inside its transaction.
 
@@ -139,9 +143,28 @@ def create_schema_on(conn: Connection) -> None:
         conn.execute(
             text(f"CREATE TRIGGER {name} {timing} FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_change()")
         )
+    conn.execute(text("CREATE TABLE IF NOT EXISTS ledger_schema_version (version integer PRIMARY KEY)"))
+    conn.execute(
+        text("INSERT INTO ledger_schema_version VALUES (:v) ON CONFLICT DO NOTHING"), {"v": SCHEMA_VERSION}
+    )
+
+
+def schema_version(conn: Connection) -> int | None:
+    """The schema version recorded in the database, or None before ledgerflow created its schema there."""
+    if conn.execute(text("SELECT to_regclass('ledger_schema_version')")).scalar() is None:
+        return None
+    version: int | None = conn.execute(text("SELECT max(version) FROM ledger_schema_version")).scalar()
+    return version
 
 
 def create_schema(engine: Engine) -> None:
-    """Create the ledger schema in one transaction; safe to repeat, and to race from several processes."""
+    """Create or upgrade the ledger schema; safe to repeat, and to race from several processes.
+
+    Every process calls this when it starts (workers, every CLI command), so a current schema costs one read:
+    the DDL (it replaces triggers, locking ``events`` exclusively) runs only when the version is behind.
+    """
+    with engine.connect() as conn:
+        if schema_version(conn) == SCHEMA_VERSION:
+            return
     with engine.begin() as conn:
         create_schema_on(conn)

@@ -161,7 +161,6 @@ class Projection:
     escalation_reason: str | None = None
     intents: int = 0
     llm_decisions: int = 0
-    events_seen: int = 0
     cost_anomalies: int = 0
     failed_gate: str | None = None
 
@@ -215,7 +214,6 @@ def new_projection(created: StoredEvent) -> Projection:
         nodes={n: NodeView(id=n) for n in graph.nodes},
     )
     p.watermark = created.seq
-    p.events_seen = 1
     return p
 
 
@@ -233,7 +231,6 @@ def apply(p: Projection, stored: StoredEvent) -> None:
     if stored.seq <= p.watermark:
         return
     p.watermark = stored.seq
-    p.events_seen += 1
     event = parse(stored)
     match event:
         case TaskCreated():

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
@@ -226,10 +226,10 @@ class TaskWorkflow:
             )
         except (ActivityError, ApplicationError) as e:
             # A local activity's failure arrives as the ApplicationError itself (no ActivityError wrapper).
-            cause = e.cause if isinstance(e, ActivityError) else e
-            if isinstance(cause, ApplicationError) and cause.type == "BudgetRefused":
+            cause = _application_error(e)
+            if cause is not None and cause.type == "BudgetRefused":
                 raise _BudgetRefused(cause.message) from e
-            if isinstance(cause, ApplicationError) and cause.type == "StaleEpoch":
+            if cause is not None and cause.type == "StaleEpoch":
                 # Another run took this task over: this run must stop acting at once.
                 raise ApplicationError(
                     f"run fenced off: {cause.message}", type="StaleEpoch", non_retryable=True
@@ -399,15 +399,14 @@ class _BudgetRefused(Exception):
     """The ledger refused a reservation on a budget scope (raised inside this workflow only)."""
 
 
-def _application_error(e: ActivityError) -> ApplicationError | None:
-    cause = e.cause
+def _application_error(e: BaseException) -> ApplicationError | None:
+    """The ApplicationError an activity raised: ``e`` itself, or the first one in its cause chain."""
+    cause: BaseException | None = e
     while cause is not None and not isinstance(cause, ApplicationError):
-        cause = cause.cause
+        cause = cause.cause if isinstance(cause, FailureError) else None
     return cause
 
 
 def _error_text(e: ActivityError) -> str:
-    cause = e.cause
-    while cause is not None and cause.cause is not None and not isinstance(cause, ApplicationError):
-        cause = cause.cause
+    cause = _application_error(e)
     return (str(cause) if cause is not None else str(e))[:2000]

@@ -441,3 +441,21 @@ def test_random_interleavings_keep_seqs_gapless_and_dedup_keys_unique(
     stored_events = recorder.read_events(task)
     assert [e.seq for e in stored_events] == list(range(1, len(stored_events) + 1))
     assert {e.dedup_key: e.seq for e in stored_events} == seq_of
+
+
+def test_create_schema_on_a_current_schema_runs_no_ddl(recorder: Recorder, pg_url: str) -> None:
+    """Every CLI command and worker start calls create_schema: on a current schema it must not replace the
+    triggers (that DDL locks the events table exclusively)."""
+    engine = sa.create_engine(pg_url)
+    query = sa.text(
+        "SELECT oid FROM pg_trigger WHERE tgrelid = 'events'::regclass AND NOT tgisinternal ORDER BY oid"
+    )
+    try:
+        with engine.connect() as conn:
+            before = conn.execute(query).scalars().all()
+        recorder.create_schema()
+        with engine.connect() as conn:
+            after = conn.execute(query).scalars().all()
+    finally:
+        engine.dispose()
+    assert before and after == before
