@@ -46,11 +46,23 @@ class ChatClient:
         self.model = model
         self._price = price_per_1k
 
-    async def complete(self, system: str, user: str) -> ChatReply:
+    async def complete(
+        self, system: str, user: str, *, schema: dict[str, Any] | None = None, schema_name: str = "output"
+    ) -> ChatReply:
+        """One chat completion that must answer JSON.
+
+        Args:
+            schema: a JSON schema the answer should follow (OpenAI ``json_schema`` structured output); by
+                default any JSON object. The caller validates the answer either way: a model may ignore it.
+            schema_name: the schema's name in the request.
+        """
+        response_format: dict[str, Any] = {"type": "json_object"}
+        if schema is not None:
+            response_format = {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema}}
         body = {
             "model": self.model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            "response_format": {"type": "json_object"},
+            "response_format": response_format,
             "temperature": 0,
         }
         prompt_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -1,7 +1,8 @@
 """The framework's own stages: compose, the two-phase review, and the static compliance gate.
 
-Each reads the ledger (folding it with the same pure ``rules`` code the workflow uses), checks the artifacts
-on disk against their registered hashes, and writes exactly one result through the idempotent path.
+Each reads the ledger (folding it with the same pure ``rules`` code the workflow uses), gathers the facts its
+checks need (each registered artifact hashed on disk, in parallel: the only I/O), lets the pure checks of
+``rules.checks`` judge them, and writes exactly one result through the idempotent path.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import functools
 import hashlib
 import json
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlparse
@@ -17,16 +19,22 @@ from urllib.parse import urlparse
 from temporalio import activity
 
 from activities.artifacts import LocalArtifactStore
-from activities.llm import ChatClient, parse_json_object
+from activities.llm import ChatClient
 from activities.models import GateInput, StageInput
 from ledger.recorder import Recorder
+from rules import checks
 from rules.envelope import StoredEvent
 from rules.events import ArtifactRef, ExecutionResult, Outcome, Verdict, to_new
 from rules.plan import COMPOSE, REVIEW
-from rules.projection import NodeStatus, Projection, fold
-from rules.verdicts import CheckResult, Severity, aggregate, score_results
-
-BANNED_TERMS = ("[banned]", "unlicensed")
+from rules.projection import Projection, fold
+from rules.verdicts import (
+    CheckResult,
+    Severity,
+    aggregate,
+    judgement_schema,
+    parse_judgement,
+    score_results,
+)
 
 REVIEW_SYSTEM = (
     "You review a finished production against its goal. Answer with one JSON object "
@@ -34,39 +42,25 @@ REVIEW_SYSTEM = (
 )
 
 
-def _artifact_ok(artifact: dict[str, object] | None) -> bool:
-    """The registered artifact exists on disk and still hashes to its registered sha256."""
-    if not artifact:
-        return False
-    path = Path(urlparse(str(artifact["uri"])).path)
-    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == artifact["sha256"]
+def _file_sha256(uri: str) -> str | None:
+    """What the artifact file at ``uri`` hashes to now, or None if it is gone."""
+    path = Path(urlparse(uri).path)
+    try:
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
 
 
-def technical_checks(p: Projection) -> list[CheckResult]:
-    """Phase 1, technical: every business node has a registered, intact artifact."""
-    out = []
-    for node_id, spec in p.graph.nodes.items():
-        if spec.stage.id in (COMPOSE, REVIEW):
-            continue
-        view = p.nodes[node_id]
-        if view.status != NodeStatus.SUCCEEDED or not _artifact_ok(view.artifact):
-            out.append(
-                CheckResult("technical.artifact", Severity.REWORK, f"{node_id} artifact missing", (node_id,))
-            )
-    return out
+async def _facts(p: Projection, nodes: Sequence[str], *, gated: str | None = None) -> checks.Facts:
+    """The facts phase 1 judges: the projection's, plus every registered artifact hashed, in parallel."""
+    refs = {n: ref for n in nodes if n != gated and (ref := checks.registered_artifact(p, n)) is not None}
+    hashes = await asyncio.gather(*(asyncio.to_thread(_file_sha256, ref.uri) for ref in refs.values()))
+    return checks.facts_for(p, nodes, dict(zip(refs, hashes, strict=True)), gated=gated)
 
 
-def compliance_checks(p: Projection, nodes: list[str]) -> list[CheckResult]:
-    """Phase 1, compliance: no banned term in what the nodes were asked to make."""
-    out = []
-    for node_id in nodes:
-        text = json.dumps(p.graph.nodes[node_id].stage.input).lower()
-        for term in BANNED_TERMS:
-            if term in text:
-                out.append(
-                    CheckResult("compliance.terms", Severity.BLOCK, f"{node_id} uses {term!r}", (node_id,))
-                )
-    return out
+def _business(p: Projection) -> list[str]:
+    return [n for n, s in p.graph.nodes.items() if s.stage.id not in (COMPOSE, REVIEW)]
 
 
 class ReviewActivities:
@@ -119,20 +113,25 @@ class ReviewActivities:
         if existing is not None:
             return existing  # a retry after the verdict was recorded: never pay for the judgement twice
         p = await self._projection(inp.task_id)
-        business = [n for n, s in p.graph.nodes.items() if s.stage.id not in (COMPOSE, REVIEW)]
-        results = compliance_checks(p, business) + technical_checks(p)
+        business = _business(p)
+        results = checks.phase1(await _facts(p, business))
         scores: dict[str, float] = {}
-        cost = 0
+        cost = Decimal(0)
         if not any(r.severity == Severity.BLOCK for r in results):
             parts = {n: p.nodes[n].versions for n in business}
-            reply = await self.chat.complete(REVIEW_SYSTEM, json.dumps({"goal": p.plan.goal, "parts": parts}))
+            reply = await self.chat.complete(
+                REVIEW_SYSTEM,
+                json.dumps({"goal": p.plan.goal, "parts": parts}),
+                schema=judgement_schema(),
+                schema_name="judgement",
+            )
             cost = reply.cost
-            judgement, problem = parse_json_object(reply.content)
+            judgement, problem = parse_judgement(reply.content)
             if judgement is None:
                 results.append(CheckResult("content.model", Severity.SOFT, f"judgement unusable: {problem}"))
             else:
-                scores, blame = _scores(judgement), _blame(judgement, set(business))
-                results += score_results(scores, blame)
+                scores = dict(judgement.scores)
+                results += score_results(scores, judgement.blamed(set(business)))
         verdict, flagged, findings = aggregate(results)
         event = ExecutionResult(
             kind="review",
@@ -151,13 +150,8 @@ class ReviewActivities:
     async def gate(self, inp: GateInput) -> StoredEvent:
         """The static compliance gate of a high-cost node, anchored to its input version."""
         p = await self._projection(inp.task_id)
-        deps = list(p.graph.nodes[inp.node].deps)
-        results = compliance_checks(p, [inp.node, *deps])
-        results += [
-            CheckResult("gate.inputs", Severity.BLOCK, f"input {d} is not intact", (d,))
-            for d in deps
-            if not _artifact_ok(p.nodes[d].artifact)
-        ]
+        nodes = [inp.node, *p.graph.nodes[inp.node].deps]
+        results = checks.gate(await _facts(p, nodes, gated=inp.node))
         event = ExecutionResult(
             kind="gate",
             node=inp.node,
@@ -167,25 +161,3 @@ class ReviewActivities:
             findings=tuple(f"{r.check}: {r.message}" for r in results),
         )
         return await self._record(inp.task_id, inp.operation_key, event)
-
-
-def _scores(judgement: dict[str, object]) -> dict[str, float]:
-    raw = judgement.get("scores")
-    if not isinstance(raw, dict):
-        return {}
-    out = {}
-    for k, v in list(raw.items())[:20]:
-        if isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1:
-            out[k[:40]] = float(v)
-    return out
-
-
-def _blame(judgement: dict[str, object], known: set[str]) -> dict[str, tuple[str, ...]]:
-    raw = judgement.get("blame")
-    if not isinstance(raw, dict):
-        return {}
-    return {
-        str(k)[:40]: tuple(n for n in v if isinstance(n, str) and n in known)
-        for k, v in list(raw.items())[:20]
-        if isinstance(v, list)
-    }

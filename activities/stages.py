@@ -30,6 +30,7 @@ from rules.events import (
     Failure,
     FailureKind,
     MarkerKind,
+    Media,
     Outcome,
     Progress,
     SystemMarker,
@@ -216,7 +217,13 @@ class StageActivities:
                     actual_cost=job.cost,
                 )
             else:
-                artifact = ArtifactRef(uri=uri, sha256=job.result.sha256, size=len(data))
+                media = job.result.media
+                artifact = ArtifactRef(
+                    uri=uri,
+                    sha256=job.result.sha256,
+                    size=len(data),
+                    media=Media.model_validate(media.model_dump()) if media is not None else None,
+                )
                 event = Outcome(
                     node=inp.node, operation_key=key, job_id=job.id, artifact=artifact, actual_cost=job.cost
                 )

@@ -49,12 +49,26 @@ class Verdict(StrEnum):
     COMPLIANCE_BLOCK = "ComplianceBlock"
 
 
+class Media(BaseModel, frozen=True):
+    """What the vendor says it delivered (every field optional: a vendor reports what it knows).
+
+    ``rights`` is the usage-rights metadata (e.g. ``license``, ``holder``); None means the vendor sent none.
+    """
+
+    format: str | None = None
+    duration_s: float | None = None
+    width: int | None = None
+    height: int | None = None
+    rights: dict[str, str] | None = None
+
+
 class ArtifactRef(BaseModel, frozen=True):
-    """A registered artifact: where it is and what its bytes hash to."""
+    """A registered artifact: where it is, what its bytes hash to and, if the vendor said, what it is."""
 
     uri: str
     sha256: str
     size: int = 0
+    media: Media | None = None  # optional with a default: artifacts recorded before it still parse
 
 
 class _Event(BaseModel):

@@ -26,6 +26,7 @@ from pydantic import (
 
 ID_PATTERN: Final = r"[A-Za-z0-9_.-]{1,64}"  # matched with fullmatch: "$" would accept a trailing newline
 _ID_RE: Final = re.compile(ID_PATTERN)
+_FORMAT_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,15}")
 MAX_AMOUNT: Final = Decimal("1000000000")  # one billion: anything larger is a typo or an attack
 MAX_FAN_OUT: Final = 500
 MAX_STAGES: Final = 200
@@ -35,6 +36,10 @@ INFERENCE_RESERVE: Final = Decimal("0.05")
 COMPOSE: Final = "compose"
 REVIEW: Final = "review"
 FRAMEWORK_STAGES: Final = (COMPOSE, REVIEW)
+# What the review's compliance check refuses in a node's request input, unless the plan lists its own.
+BANNED_TERMS: Final = ("[banned]", "unlicensed")
+MAX_PIXELS: Final = 100_000  # per side: anything larger is a typo
+MAX_MEDIA_SECONDS: Final = 366 * 86400.0
 
 
 class PlanError(ValueError):
@@ -96,9 +101,48 @@ def _check_id(value: Any) -> str:
     return value
 
 
+def _check_format(value: Any) -> str:
+    if not isinstance(value, str) or not _FORMAT_RE.fullmatch(value):
+        raise ValueError(f"{str(value)[:40]!r} is not a format name (like mp4, png or wav)")
+    return value.lower()
+
+
+def _check_pixels(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PIXELS:
+        raise ValueError(f"must be a whole number of pixels from 1 to {MAX_PIXELS}, got {str(value)[:40]!r}")
+    return value
+
+
+def _check_duration_bounds(value: Any) -> tuple[float, float]:
+    """``[min, max]`` in seconds: two finite numbers, 0 <= min <= max, max > 0."""
+    shape = f"must be [min, max] in seconds, got {str(value)[:40]!r}"
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ValueError(shape)
+    if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in value):
+        raise ValueError(shape)
+    low, high = float(value[0]), float(value[1])
+    if low < 0:
+        raise ValueError(f"minimum must not be negative, got {low:g}")
+    if high <= 0 or high > MAX_MEDIA_SECONDS:
+        raise ValueError(f"maximum must be above 0 and at most a year, got {high:g}")
+    if low > high:
+        raise ValueError(f"minimum {low:g} is above the maximum {high:g}")
+    return low, high
+
+
+def _check_term(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 100:
+        raise ValueError(f"{str(value)[:40]!r} is not a term (1-100 characters)")
+    return value.strip().lower()  # matched case-insensitively
+
+
 Amount = Annotated[Decimal, BeforeValidator(parse_amount)]
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Ident = Annotated[str, BeforeValidator(_check_id)]
+FormatName = Annotated[str, BeforeValidator(_check_format)]
+Pixels = Annotated[int, BeforeValidator(_check_pixels)]
+DurationBounds = Annotated[tuple[float, float], BeforeValidator(_check_duration_bounds)]
+Term = Annotated[str, BeforeValidator(_check_term)]
 
 
 class TimeoutPolicy(StrEnum):
@@ -141,6 +185,23 @@ class ReviewConfig(_Strict):
 
     reviewers: tuple[Ident, ...] = ("compliance.rules", "content.llm")
     estimate: Amount = Decimal("0.05")
+    # Phase 1 (rules.checks): every business artifact must carry rights metadata (license and holder) …
+    require_rights: bool = True
+    # … and no node's request input may contain one of these terms (case-insensitive).
+    banned_terms: tuple[Term, ...] = Field(default=BANNED_TERMS, max_length=200)
+
+
+class OutputSpec(_Strict):
+    """What a stage's artifact must be; the review's ``technical.media`` check holds it to this.
+
+    Empty or None fields are not checked. The bounds hold the media metadata the vendor reports with the
+    artifact, so an artifact of a stage with an ``output`` whose vendor reports none is sent back for rework.
+    """
+
+    formats: tuple[FormatName, ...] = Field(default=(), max_length=20)  # allowed formats (lower case)
+    duration: DurationBounds | None = None  # [min, max] seconds, inclusive
+    min_width: Pixels | None = None
+    min_height: Pixels | None = None
 
 
 class Stage(_Strict):
@@ -159,6 +220,7 @@ class Stage(_Strict):
     canary: bool = True
     stall_after: Seconds = 600.0  # no progress for this long: the watchdog cancels the job at the vendor
     input: dict[str, Any] = Field(default_factory=dict)
+    output: OutputSpec | None = None
 
     @model_validator(mode="after")
     def _fan_out_bounds(self) -> Stage:

@@ -6,9 +6,12 @@ Phase 2 (content judgement by a model) only refines a phase-1 pass. The aggregat
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Annotated, Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from rules.events import Verdict
 
@@ -63,3 +66,50 @@ def score_results(scores: dict[str, float], blame: dict[str, tuple[str, ...]]) -
         elif score < SOFT_BELOW:
             out.append(CheckResult(f"content.{dim}", Severity.SOFT, f"score {score:.2f}"))
     return out
+
+
+Dimension = Annotated[str, StringConstraints(min_length=1, max_length=40)]
+# Strict: a JSON number in 0..1, never true/false or "0.9".
+Score = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False, strict=True)]
+NodeRef = Annotated[str, StringConstraints(max_length=200)]
+Reason = Annotated[str, StringConstraints(max_length=1000)]
+
+
+class Judgement(BaseModel):
+    """Phase 2: what the reviewing model answers. Its JSON schema is sent with the request.
+
+    Unknown fields are ignored (models add their own); a missing field is empty.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    scores: dict[Dimension, Score] = Field(default_factory=dict, max_length=20)
+    blame: dict[Dimension, Annotated[list[NodeRef], Field(max_length=100)]] = Field(
+        default_factory=dict, max_length=20
+    )
+    reasons: list[Reason] = Field(default_factory=list, max_length=20)
+
+    def blamed(self, known: Collection[str]) -> dict[str, tuple[str, ...]]:
+        """Blame per dimension, keeping only node ids of this task (a model may invent others)."""
+        return {
+            dim: tuple(dict.fromkeys(n for n in nodes if n in known)) for dim, nodes in self.blame.items()
+        }
+
+
+def judgement_schema() -> dict[str, Any]:
+    """The JSON schema of :class:`Judgement`, for the model request's structured-output format."""
+    return Judgement.model_json_schema()
+
+
+def parse_judgement(text: str) -> tuple[Judgement | None, str | None]:
+    """The model's output as a Judgement, or a short reason why it is not one (never the output itself)."""
+    try:
+        return Judgement.model_validate_json(text), None
+    except ValidationError as e:
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            return None, "output is not valid JSON"
+        if first["type"] == "model_type":
+            return None, "output is not a JSON object"
+        where = ".".join(str(part) for part in first["loc"])[:60]
+        return None, f"{where}: {first['msg']}"[:200]

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
 from vendors.errors import (
     ArtifactHashMismatch,
@@ -55,10 +55,31 @@ class JobError(BaseModel, frozen=True):
     message: str
 
 
+class MediaInfo(BaseModel, frozen=True):
+    """What the vendor says the artifact is; every field optional, unknown fields ignored."""
+
+    format: str | None = Field(default=None, max_length=32)
+    duration_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    width: int | None = Field(default=None, ge=0)
+    height: int | None = Field(default=None, ge=0)
+    rights: dict[str, Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=20)
+
+
 class ArtifactInfo(BaseModel, frozen=True):
     url: str
     sha256: str
     size: int
+    media: MediaInfo | None = None  # None: the vendor sent no media metadata (or none we could read)
+
+    @field_validator("media", mode="wrap")
+    @classmethod
+    def _unreadable_media_is_none(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # Metadata that does not parse must not strand a paid artifact: it is reported as absent, and the
+        # review's checks (rights, media bounds) judge an artifact without metadata.
+        try:
+            return handler(value)
+        except ValidationError:
+            return None
 
 
 class VendorJob(BaseModel, frozen=True):

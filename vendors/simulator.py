@@ -1,7 +1,8 @@
 """A vendor simulator: a paid "submit, then poll" generation API with seeded faults, served over real HTTP.
 
 It charges at acceptance, can charge and then drop the response, rate-limits, fails, hangs and serves
-artifacts with a sha256, so workers and the reconciler are tested against the failure modes that cost money.
+artifacts with a sha256 and media metadata (format, duration, size and rights: what was asked for, unless a
+fault says otherwise), so workers and the reconciler are tested against the failure modes that cost money.
 It also answers OpenAI-style chat completions from a script, for the LLM decision and review calls.
 
 Every outcome is drawn from ``random.Random(f"{seed}:{key}:{attempt}")``: the same workload gives the same
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import random
 import socket
 import threading
@@ -56,13 +58,28 @@ class ExecutorProfile(BaseModel):
     corrupt_result: Rate = Field(
         default=0.0, description="serve bytes that do not match the advertised sha256"
     )
+    bad_media: Rate = Field(
+        default=0.0,
+        description="deliver media outside what was asked: format gif, duration doubled, width/height halved",
+    )
+    missing_rights: Rate = Field(default=0.0, description="report no rights metadata with the artifact")
 
 
 class ChatRule(BaseModel):
-    """Answer ``content`` when ``match`` occurs in the last user message."""
+    """Answer ``content`` when ``match`` occurs in the last user message (and, below 1, a seeded draw hits).
+
+    The draw comes from ``(seed, match, message)``: the same question always gets the same answer, and
+    different questions (another task's goal, a new version of a part) meet the rate independently.
+    """
 
     match: str
     content: str
+    rate: Rate = 1.0
+
+    def applies(self, seed: int, message: str) -> bool:
+        if self.match not in message:
+            return False
+        return self.rate >= 1 or random.Random(f"{seed}:{self.match}:{message}").random() < self.rate
 
 
 class SimConfig(BaseModel):
@@ -118,12 +135,15 @@ class Draw:
     failure: Literal["technical", "content_rejected"] | None
     corrupt: bool
     fail_at: float  # fraction of the latency at which a failing job fails
+    bad_media: bool = False
+    missing_rights: bool = False
 
     @classmethod
     def for_attempt(cls, seed: int, key: str, attempt: int, p: ExecutorProfile) -> Draw:
         rng = random.Random(f"{seed}:{key}:{attempt}")
         # Always draw every number in the same order, so changing one rate never shifts the others' outcomes.
-        u = [rng.random() for _ in range(8)]
+        # Rates added later draw after the first eight, so every outcome seeded before them stays the same.
+        u = [rng.random() for _ in range(10)]
         failure: Literal["technical", "content_rejected"] | None = None
         if u[4] < p.fail_technical:
             failure = "technical"
@@ -137,6 +157,8 @@ class Draw:
             failure=failure,
             corrupt=u[6] < p.corrupt_result,
             fail_at=0.1 + 0.8 * u[7],
+            bad_media=u[8] < p.bad_media,
+            missing_rights=u[9] < p.missing_rights,
         )
 
 
@@ -163,6 +185,28 @@ class Job:
         }
         self.artifact = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
 
+    def media(self) -> dict[str, Any]:
+        """What the vendor reports it delivered: what the request asked for, unless this job's draw says not.
+
+        Kept apart from the artifact bytes (those depend on key and input only), as real vendors report it.
+        """
+        asked = self.request.input
+        fmt = asked.get("format") if isinstance(asked.get("format"), str) else "json"
+        duration, width, height = (
+            _number(asked.get("duration_s")),
+            _whole(asked.get("width")),
+            _whole(asked.get("height")),
+        )
+        if self.draw.bad_media:
+            fmt = "gif"
+            duration = duration * 2 if duration is not None else None
+            width = width // 2 if width is not None else None
+            height = height // 2 if height is not None else None
+        rights = None
+        if not self.draw.missing_rights:
+            rights = {"license": "sim-commercial-1.0", "holder": f"simulator/{self.request.executor}"}
+        return {"format": fmt, "duration_s": duration, "width": width, "height": height, "rights": rights}
+
     def state(self, now: float) -> tuple[str, float]:
         if self.cancelled_progress is not None:
             return "cancelled", self.cancelled_progress
@@ -187,7 +231,12 @@ class Job:
         result = None
         if status == "succeeded":
             digest = hashlib.sha256(self.artifact).hexdigest()
-            result = {"url": f"/jobs/{self.id}/result", "sha256": digest, "size": len(self.artifact)}
+            result = {
+                "url": f"/jobs/{self.id}/result",
+                "sha256": digest,
+                "size": len(self.artifact),
+                "media": self.media(),
+            }
         return {
             "id": self.id,
             "status": status,
@@ -301,7 +350,8 @@ class SimState:
         last_user = next((_text(m.content) for m in reversed(body.messages) if m.role == "user"), "")
         with self._lock:
             cfg = self.config
-            content = next((r.content for r in cfg.chat_script if r.match in last_user), cfg.chat_default)
+            rule = next((r for r in cfg.chat_script if r.applies(cfg.seed, last_user)), None)
+            content = rule.content if rule else cfg.chat_default
             prompt_tokens = sum(_tokens(t) for t in texts)
             completion_tokens = _tokens(content)
             self._chat["calls"] += 1
@@ -341,6 +391,17 @@ class ChatRequest(BaseModel):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     response_format: dict[str, Any] | None = None
+
+
+def _number(value: Any) -> float | None:
+    """A number the request asked for (never a bool), else None: nothing usable was asked."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _text(content: str | list[dict[str, Any]] | None) -> str:

@@ -296,6 +296,74 @@ def test_bad_approval_timeout_names_the_nested_field() -> None:
     assert refused(raw_plan(approval={"timeout": "whenever"})).startswith("plan: approval.timeout must be")
 
 
+# ── output bounds and the review's phase-1 settings ───────────────────────────────────────────────────
+def test_output_bounds_are_read_and_formats_lower_cased() -> None:
+    out = {"formats": ["MP4", "webm"], "duration": [20, 40.5], "min_width": 1280, "min_height": 720}
+    plan = validate_plan(raw_plan(stage("edit", output=out)), DEFAULT_ROUTES)
+    spec = plan.stages[0].output
+    assert spec is not None and spec.formats == ("mp4", "webm") and spec.duration == (20.0, 40.5)
+    assert (spec.min_width, spec.min_height) == (1280, 720)
+    assert validate_plan(raw_plan(stage("a")), DEFAULT_ROUTES).stages[0].output is None
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ({"duration": [40, 20]}, "output.duration minimum 40 is above the maximum 20"),
+        ({"duration": [-1, 20]}, "output.duration minimum must not be negative, got -1"),
+        ({"duration": [0, 0]}, "output.duration maximum must be above 0 and at most a year, got 0"),
+        ({"duration": [1, math.inf]}, "output.duration must be [min, max] in seconds, got '[1, inf]'"),
+        ({"duration": [5]}, "output.duration must be [min, max] in seconds, got '[5]'"),
+        ({"duration": ["1s", "5s"]}, "output.duration must be [min, max] in seconds, got \"['1s', '5s']\""),
+        ({"min_width": 0}, "output.min_width must be a whole number of pixels from 1 to 100000, got '0'"),
+        (
+            {"min_height": -720},
+            "output.min_height must be a whole number of pixels from 1 to 100000, got '-720'",
+        ),
+        (
+            {"min_width": 12.5},
+            "output.min_width must be a whole number of pixels from 1 to 100000, got '12.5'",
+        ),
+        (
+            {"min_width": True},
+            "output.min_width must be a whole number of pixels from 1 to 100000, got 'True'",
+        ),
+        ({"formats": ["mp4", "../x"]}, "output.formats '../x' is not a format name (like mp4, png or wav)"),
+        ({"fps": 24}, "output.fps is not a known field"),
+    ],
+)
+def test_bad_output_bounds_are_refused_naming_the_stage(output: dict[str, Any], message: str) -> None:
+    assert refused(raw_plan(stage("a"), stage("edit", "a", output=output))) == f"stage 'edit': {message}"
+
+
+def test_review_requires_rights_and_bans_the_default_terms_unless_the_plan_says_otherwise() -> None:
+    default = validate_plan(raw_plan(), DEFAULT_ROUTES).review
+    assert default.require_rights is True and default.banned_terms == ("[banned]", "unlicensed")
+    review = {"require_rights": False, "banned_terms": ["  Watermark ", "acme"]}
+    plan = validate_plan(raw_plan(review=review), DEFAULT_ROUTES)
+    assert plan.review.require_rights is False and plan.review.banned_terms == ("watermark", "acme")
+
+
+@pytest.mark.parametrize(
+    ("review", "message"),
+    [
+        ({"banned_terms": ["ok", "  "]}, "plan: review.banned_terms '  ' is not a term (1-100 characters)"),
+        (
+            {"banned_terms": ["x" * 101]},
+            f"plan: review.banned_terms {'x' * 40!r} is not a term (1-100 characters)",
+        ),
+        ({"banned_terms": [3]}, "plan: review.banned_terms '3' is not a term (1-100 characters)"),
+        (
+            {"require_rights": "perhaps"},
+            "plan: review.require_rights Input should be a valid boolean, unable to interpret input",
+        ),
+        ({"rights": True}, "plan: review.rights is not a known field"),
+    ],
+)
+def test_bad_review_settings_are_refused(review: dict[str, Any], message: str) -> None:
+    assert refused(raw_plan(review=review)) == message
+
+
 # ── what a valid plan becomes ─────────────────────────────────────────────────────────────────────────
 @pytest.mark.parametrize("name", ["e001_video.yaml", "course_lesson.yaml"])
 def test_example_plans_load_with_the_default_routes(name: str) -> None:

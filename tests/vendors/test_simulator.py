@@ -25,7 +25,8 @@ from vendors.errors import (
     VendorUnavailable,
     VendorWaitTimeout,
 )
-from vendors.http import FailureKind, HttpJobVendor, JobStatus, VendorJob
+from vendors.http import ArtifactInfo, FailureKind, HttpJobVendor, JobStatus, VendorJob
+from vendors.simulator import Draw, ExecutorProfile
 
 if TYPE_CHECKING:
     from tests.vendors.conftest import SimAdmin
@@ -316,6 +317,137 @@ async def test_same_seed_and_keys_give_the_same_outcomes_across_a_reset_whatever
     limited = [[first[k, n] == "VendorRateLimited" for n in (0, 1)] for k in keys]
     assert [True, False] in limited  # a retry of a key draws afresh rather than repeating its first fate
     assert _kinds(other_seed) != _kinds(first)
+
+
+# Draws of seed 7 for keys golden-0..5 (attempt 0), recorded before bad_media and missing_rights existed:
+# (rate_limited, server_error, dropped, hang, failure, corrupt, fail_at).
+GOLDEN_DRAWS = [
+    (False, False, True, False, None, False, 0.4425016703673994),
+    (False, False, True, False, "technical", True, 0.17723594385917343),
+    (False, False, False, False, None, False, 0.6780392167811664),
+    (False, True, True, False, "content_rejected", False, 0.2999583693690241),
+    (True, False, False, True, None, False, 0.7065697180013316),
+    (True, True, False, False, "content_rejected", False, 0.25499841384454136),
+]
+OLD_RATES = {
+    "fail_technical": 0.3,
+    "reject_content": 0.3,
+    "rate_limit": 0.3,
+    "server_error": 0.3,
+    "drop_response": 0.3,
+    "hang": 0.3,
+    "corrupt_result": 0.3,
+}
+ASKED = {"prompt": "a fox", "format": "mp4", "duration_s": 30, "width": 1920, "height": 1080}
+
+
+@pytest.mark.parametrize("new_rates", [{}, {"bad_media": 1.0, "missing_rights": 1.0}])
+def test_the_media_rates_leave_every_earlier_seeded_draw_unchanged(new_rates: dict[str, float]) -> None:
+    profile = ExecutorProfile(**OLD_RATES, **new_rates)
+    draws = [Draw.for_attempt(7, f"golden-{i}", 0, profile) for i in range(6)]
+    old = [
+        (d.rate_limited, d.server_error, d.dropped, d.hang, d.failure, d.corrupt, d.fail_at) for d in draws
+    ]
+    assert old == GOLDEN_DRAWS
+    assert all(d.bad_media == d.missing_rights == bool(new_rates) for d in draws)
+
+
+def test_the_media_rates_draw_independently_of_each_other() -> None:
+    half = ExecutorProfile(bad_media=0.5, missing_rights=0.5)
+    draws = [Draw.for_attempt(3, f"k{i}", 0, half) for i in range(200)]
+    pairs = {(d.bad_media, d.missing_rights) for d in draws}
+    assert pairs == {(False, False), (False, True), (True, False), (True, True)}
+
+
+async def test_a_result_reports_the_media_that_was_asked_for_with_rights(
+    sim: SimAdmin, vendor: HttpJobVendor, key: str
+) -> None:
+    job = await submit(vendor, key, input=ASKED)
+    plain = await submit(vendor, key + "-plain")
+
+    assert job.result is not None and job.result.media is not None
+    assert job.result.media.model_dump() == {
+        "format": "mp4",
+        "duration_s": 30.0,
+        "width": 1920,
+        "height": 1080,
+        "rights": {"license": "sim-commercial-1.0", "holder": f"simulator/{EXECUTOR}"},
+    }
+    assert plain.result is not None and plain.result.media is not None  # nothing asked: defaults
+    assert (plain.result.media.format, plain.result.media.duration_s, plain.result.media.width) == (
+        "json",
+        None,
+        None,
+    )
+
+
+async def test_bad_media_delivers_outside_what_was_asked_with_the_same_artifact_bytes(
+    sim: SimAdmin, vendor: HttpJobVendor, key: str
+) -> None:
+    good = await submit(vendor, key, input=ASKED)
+    await sim.reset()
+    await sim.configure(executors={EXECUTOR: {"bad_media": 1.0}})
+    bad = await submit(vendor, key, input=ASKED)
+
+    assert bad.result is not None and bad.result.media is not None and good.result is not None
+    media = bad.result.media
+    assert (media.format, media.duration_s, media.width, media.height) == ("gif", 60.0, 960, 540)
+    assert media.rights is not None  # only the media is off, not the rights
+    assert bad.result.sha256 == good.result.sha256  # the bytes depend on key and input only
+    assert await vendor.fetch_result(bad) == await vendor.fetch_result(good)
+
+
+async def test_missing_rights_reports_no_rights_metadata(
+    sim: SimAdmin, vendor: HttpJobVendor, key: str
+) -> None:
+    await sim.configure(executors={EXECUTOR: {"missing_rights": 1.0}})
+
+    job = await submit(vendor, key, input=ASKED)
+
+    assert job.result is not None and job.result.media is not None
+    assert job.result.media.rights is None and job.result.media.format == "mp4"
+
+
+@pytest.mark.parametrize(
+    "media", [None, "not an object", {"width": "wide"}, {"rights": {"license": 3}}], ids=repr
+)
+def test_an_artifact_without_readable_media_metadata_parses_with_media_none(media: object) -> None:
+    body: dict[str, object] = {"url": "/r", "sha256": "ab", "size": 2}
+    if media is not None:
+        body["media"] = media
+    assert ArtifactInfo.model_validate(body).media is None
+
+
+async def test_chat_completion_accepts_a_json_schema_response_format(sim: SimAdmin) -> None:
+    await sim.configure(chat_default='{"scores": {"visual": 0.9}}')
+    schema = {"type": "object", "properties": {"scores": {"type": "object"}}}
+    request = {
+        "model": "sim-reviewer-1",
+        "messages": [{"role": "user", "content": "judge"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "judgement", "schema": schema}},
+    }
+
+    response = await sim.client.post("/v1/chat/completions", json=request)
+
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == '{"scores": {"visual": 0.9}}'
+
+
+async def test_a_chat_rule_with_a_rate_answers_that_share_of_questions_and_each_always_alike(
+    sim: SimAdmin,
+) -> None:
+    await sim.configure(seed=3, chat_script=[{"match": "take", "rate": 0.3, "content": '{"hit": 1}'}])
+
+    async def ask(text: str) -> str:
+        request = {"model": "m", "messages": [{"role": "user", "content": text}]}
+        reply = (await sim.client.post("/v1/chat/completions", json=request)).json()
+        return str(reply["choices"][0]["message"]["content"])
+
+    answers = [await ask(f"review take {n}") for n in range(200)]
+    hits = sum(a == '{"hit": 1}' for a in answers)
+    assert 40 <= hits <= 80, hits  # 30% of 200, within a wide binomial margin
+    assert [await ask(f"review take {n}") for n in range(20)] == answers[:20], "same question, same answer"
+    assert await ask("no match here") != '{"hit": 1}'
 
 
 async def test_chat_completion_answers_from_the_script_with_deterministic_usage(sim: SimAdmin) -> None:
