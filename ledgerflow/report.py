@@ -52,7 +52,7 @@ def events_table(events: list[StoredEvent]) -> Table:
             detail = {
                 "rule": detail.get("rule"),
                 "action": a.get("kind"),
-                "node": a.get("node") or a.get("target"),
+                "node": a.get("node") or ",".join(a.get("targets") or ()) or None,
             }
         text = json.dumps(detail, default=str)
         table.add_row(

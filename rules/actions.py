@@ -69,10 +69,10 @@ class Dispatch(_Action):
 
 
 class Rollback(_Action):
-    """Invalidate the flagged nodes' lineage and restart from their nearest covering ancestor (dag.py)."""
+    """Invalidate the flagged nodes' lineage and restart from the most upstream flagged nodes (dag.py)."""
 
     kind: Literal["Rollback"] = "Rollback"
-    target: str
+    targets: tuple[str, ...]
     invalidated: tuple[str, ...]
     flagged: tuple[str, ...]
     round: int = Field(ge=1)

@@ -57,32 +57,25 @@ class Graph:
                 todo.extend(self.nodes[n].deps)
         return frozenset(out)
 
-    def rollback_target(self, flagged: Iterable[str]) -> tuple[str, frozenset[str]]:
-        """The node a merged rework round restarts from, and every node that round invalidates.
+    def rollback_target(self, flagged: Iterable[str]) -> tuple[tuple[str, ...], frozenset[str]]:
+        """Where a merged rework round restarts, and every node that round invalidates.
 
-        The target is the nearest node, among the flagged nodes and their common ancestors, from which every
-        flagged node descends (or which it is): upstream of all flagged nodes, so one round covers every issue
-        and nothing is rolled back twice, but no further upstream than that, so nothing unflagged is redone
-        needlessly. With no common ancestor, the most upstream flagged node is named the target and each
-        flagged node plus its descendants is invalidated (still one round).
+        The restart points are the most upstream flagged nodes: those no other flagged node is an ancestor
+        of. A flagged node below another flagged node is covered by the upstream one's invalidation, so one
+        round redoes it once (seed 000's "most upstream common ancestor, to avoid duplicate rollbacks");
+        the invalidated set is the restart points and everything built on them, and nothing else. An
+        unflagged common ancestor is never redone: if two sibling shots are bad, the two shots are rerun,
+        not the stage all shots came from (the reviewer flags that stage when it is the cause).
+        Restart points are in topological order, so ``targets[0]`` is the most upstream.
         """
         flagged_set = {n for n in flagged if n in self.nodes}
         if not flagged_set:
             raise ValueError("no known node flagged")
-        common: set[str] | None = None
-        for n in flagged_set:
-            lineage = set(self.ancestors(n)) | {n}
-            common = lineage if common is None else common & lineage
-        candidates = [n for n in (common or set()) if flagged_set <= (set(self.descendants(n)) | {n})]
-        if candidates:
-            target = max(candidates, key=lambda n: self.nodes[n].order)
-            invalid = {target} | set(self.descendants(target))
-        else:
-            target = min(flagged_set, key=lambda n: self.nodes[n].order)
-            invalid = set(flagged_set)
-            for n in flagged_set:
-                invalid |= self.descendants(n)
-        return target, frozenset(invalid)
+        targets = [n for n in flagged_set if not (self.ancestors(n) & flagged_set)]
+        invalid = set(targets)
+        for n in targets:
+            invalid |= self.descendants(n)
+        return tuple(sorted(targets, key=lambda n: self.nodes[n].order)), frozenset(invalid)
 
 
 def node_id(stage_id: str, item: str | None) -> str:

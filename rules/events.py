@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -73,6 +73,7 @@ class ArtifactRef(BaseModel, frozen=True):
 
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
+    SCHEMA: ClassVar[int] = 1  # the payload version this code writes; older versions are upcast on read
 
 
 class TaskCreated(_Event):
@@ -83,6 +84,7 @@ class TaskCreated(_Event):
 class Intent(_Event):
     """The loop's decision, written (fenced) before it is acted on."""
 
+    SCHEMA: ClassVar[int] = 2  # v2: a Rollback action names ``targets`` (v1: one ``target``)
     type: Literal["Intent"] = "Intent"
     action: Action
     rule: str  # "R11" or "LLM"
@@ -170,8 +172,9 @@ class HumanDecision(_Event):
 
 
 class RollbackDone(_Event):
+    SCHEMA: ClassVar[int] = 2  # v2: ``targets``, the restart points (v1: one ``target``)
     type: Literal["Rollback"] = "Rollback"
-    target: str
+    targets: tuple[str, ...]
     invalidated: tuple[str, ...]
     flagged: tuple[str, ...] = ()
     round: int
@@ -226,7 +229,26 @@ EVENT_TYPES = (
 )
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(LedgerEvent)
-_UPCASTERS: dict[tuple[str, int], Any] = {}  # (type, from_version) -> callable(payload) -> payload
+
+
+def _rollback_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 named one restart point, the nearest common ancestor of the flagged nodes; v2 lists them."""
+    out = {k: v for k, v in payload.items() if k != "target"}
+    return {**out, "targets": [payload["target"]]}
+
+
+def _intent_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    action = payload.get("action") or {}
+    if action.get("kind") != "Rollback":
+        return payload
+    return {**payload, "action": _rollback_v1_to_v2(action)}
+
+
+# (type, from_version) -> callable(payload) -> payload of from_version + 1
+_UPCASTERS: dict[tuple[str, int], Any] = {
+    ("Rollback", 1): _rollback_v1_to_v2,
+    ("Intent", 1): _intent_v1_to_v2,
+}
 
 
 def parse(stored: StoredEvent) -> Any:
@@ -242,4 +264,10 @@ def parse(stored: StoredEvent) -> Any:
 def to_new(event: _Event, dedup_key: str, operation_key: str | None = None) -> NewEvent:
     """Wrap a typed event for appending."""
     payload = event.model_dump(mode="json", exclude={"type"})
-    return NewEvent(type=event.type, dedup_key=dedup_key, operation_key=operation_key, payload=payload)  # type: ignore[attr-defined]
+    return NewEvent(
+        type=event.type,  # type: ignore[attr-defined]
+        dedup_key=dedup_key,
+        operation_key=operation_key,
+        schema_version=event.SCHEMA,
+        payload=payload,
+    )

@@ -258,10 +258,10 @@ def _rework_then(p: Projection, now: datetime) -> Action:
     if p.rework_rounds >= p.plan.rework_limit + p.rework_allowance:
         return _escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached")
     flagged = [f for f in p.review.flagged if f in p.nodes] or [REVIEW]
-    target, invalid = p.graph.rollback_target(flagged)
+    targets, invalid = p.graph.rollback_target(flagged)
     ordered = tuple(sorted(invalid, key=lambda n: p.graph.nodes[n].order))
     return Rollback(
-        target=target,
+        targets=targets,
         invalidated=ordered,
         flagged=tuple(flagged),
         round=p.rework_rounds + 1,

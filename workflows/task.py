@@ -182,7 +182,7 @@ class TaskWorkflow:
         match action:
             case Rollback():
                 effect = RollbackDone(
-                    target=action.target,
+                    targets=action.targets,
                     invalidated=action.invalidated,
                     flagged=action.flagged,
                     round=action.round,

@@ -257,8 +257,8 @@ class History:
         )
         return self.append(event, dedup_key=f"{key}:result", operation_key=key)
 
-    def rollback(self, target: str, invalidated: tuple[str, ...], round: int = 1) -> History:
-        return self.append(RollbackDone(target=target, invalidated=invalidated, round=round))
+    def rollback(self, targets: tuple[str, ...], invalidated: tuple[str, ...], round: int = 1) -> History:
+        return self.append(RollbackDone(targets=targets, invalidated=invalidated, round=round))
 
     def escalation(self, reason: str, terminal: bool = False, request_id: str | None = None) -> History:
         return self.append(Escalation(reason=reason, terminal=terminal, request_id=request_id))
@@ -274,7 +274,7 @@ class History:
             case Rollback():
                 self.append(
                     RollbackDone(
-                        target=action.target,
+                        targets=action.targets,
                         invalidated=action.invalidated,
                         flagged=action.flagged,
                         round=action.round,

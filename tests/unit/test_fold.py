@@ -22,7 +22,8 @@ from rules.actions import (
     SuspendForHuman,
     Wait,
 )
-from rules.events import Decision, FailureKind, MarkerKind, Verdict
+from rules.envelope import StoredEvent
+from rules.events import Decision, FailureKind, MarkerKind, Verdict, parse
 from rules.llm import check_llm_action
 from rules.plan import REVIEW
 from rules.projection import NodeStatus, TaskState, apply, fold, new_projection, summary
@@ -147,6 +148,27 @@ def test_rollback_marks_invalidated_nodes_stale_and_counts_the_round() -> None:
     assert not p.nodes["a"].approved, "a new version needs a new approval"
     assert p.review is not None and p.review.handled
     assert p.state == TaskState.REPAIRING
+
+
+def test_v1_rollback_records_upcast_to_v2_and_fold_like_new_ones() -> None:
+    """Ledgers written before restart points became a list still read: history is upcast, never rewritten."""
+    h = History(make_plan(stage("a"), stage("b", "a")))
+    h.drive(until(Dispatch, REVIEW))
+    h.act()
+    h.review(Verdict.QUALITY_REWORK, flagged=("b",))
+    h.act()
+    intent, done = h.events[-2], h.events[-1]
+    assert (intent.schema_version, done.schema_version) == (2, 2)
+
+    def as_v1(stored: StoredEvent, payload: dict[str, Any]) -> StoredEvent:
+        return stored.model_copy(update={"schema_version": 1, "payload": payload})
+
+    v1_action = {k: v for k, v in intent.payload["action"].items() if k != "targets"} | {"target": "b"}
+    v1_done = {k: v for k, v in done.payload.items() if k != "targets"} | {"target": "b"}
+    old = [*h.events[:-2], as_v1(intent, {**intent.payload, "action": v1_action}), as_v1(done, v1_done)]
+    assert parse(old[-1]).targets == ("b",)
+    assert parse(old[-2]).action.targets == ("b",)
+    assert summary(fold(old)) == summary(fold(h.events))
 
 
 def test_terminal_states_come_from_the_ledger() -> None:

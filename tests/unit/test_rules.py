@@ -246,7 +246,7 @@ def test_r3_complete_beats_time_ceiling(verdict: Verdict) -> None:
 
 def test_r3_does_not_complete_while_a_node_is_stale() -> None:
     h = _complete()
-    h.rollback("b", ("b",))  # e.g. a newer upstream version invalidated b after the review passed
+    h.rollback(("b",), ("b",))  # e.g. a newer upstream version invalidated b after the review passed
     rule, _action, matched = decided(h)
     assert "R3" not in matched and rule == "R11"
 
@@ -565,7 +565,7 @@ def test_r10_rework_rolls_back_to_the_flagged_node_and_redoes_only_its_lineage()
     rule, action, matched = decided(h)
     assert matched == ["R10"]
     assert action == Rollback(
-        target="b",
+        targets=("b",),
         invalidated=("b", "c", COMPOSE, REVIEW),
         flagged=("c", "b"),
         round=1,
@@ -584,7 +584,7 @@ def test_r10_rework_without_known_flagged_nodes_redoes_the_review() -> None:
     h = History(chain_plan()).drive_to_review(Verdict.QUALITY_REWORK)
     _rule, action, _ = decided(h)
     assert isinstance(action, Rollback)
-    assert (action.target, action.invalidated, action.flagged) == (REVIEW, (REVIEW,), (REVIEW,))
+    assert (action.targets, action.invalidated, action.flagged) == ((REVIEW,), (REVIEW,), (REVIEW,))
 
 
 def test_r10_rework_escalates_at_the_rework_limit_and_resume_grants_one_more_round() -> None:
@@ -608,16 +608,17 @@ def test_r10_rework_escalates_at_the_rework_limit_and_resume_grants_one_more_rou
     assert rule == "R10" and isinstance(again, Rollback) and again.round == 2
 
 
-def test_r10_e001_rework_of_two_shots_restarts_from_their_nearest_common_ancestor() -> None:
+def test_r10_e001_rework_of_two_shots_reruns_those_two_shots_and_what_is_built_on_them() -> None:
     text = (Path(__file__).resolve().parents[2] / "examples" / "e001_video.yaml").read_text()
     h = History(load_plan(text, DEFAULT_ROUTES)).drive_to_review(Verdict.PASS)
-    h.dispatch(REVIEW).review(Verdict.QUALITY_REWORK, flagged=("motion/S03", "motion/S07"))
+    h.dispatch(REVIEW).review(Verdict.QUALITY_REWORK, flagged=("motion/S07", "motion/S03"))
     _rule, action, _ = decided(h)
     assert isinstance(action, Rollback)
-    # Every motion shot descends from keyframe_qc, so all 19 are redone, not just the two flagged.
-    assert action.target == "keyframe_qc"
-    assert sum(n.startswith("motion/") for n in action.invalidated) == 19
-    assert "keyframes/S03" not in action.invalidated
+    assert action.targets == ("motion/S03", "motion/S07")
+    motion = [n for n in action.invalidated if n.startswith("motion/")]
+    assert motion == ["motion/S03", "motion/S07"]  # not the other 17 shots, not keyframe_qc above them
+    assert "keyframe_qc" not in action.invalidated and "keyframes/S03" not in action.invalidated
+    assert action.invalidated[-2:] == (COMPOSE, REVIEW)
 
 
 def test_rework_rounds_do_not_use_up_technical_retries() -> None:
@@ -677,7 +678,7 @@ def test_r11_gates_a_gated_node_once_per_input_version() -> None:
     rule, retry, _ = decided(h)
     assert rule == "R8" and isinstance(retry, Dispatch), "same input version: no second gate"
     # A new version of a (after a rework round) is checked again.
-    h.rollback("a", ("a", "b", COMPOSE, REVIEW)).dispatch("a").outcome("a")
+    h.rollback(("a",), ("a", "b", COMPOSE, REVIEW)).dispatch("a").outcome("a")
     rule, regate, _ = decided(h)
     assert (
         isinstance(regate, StaticGate)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
 from ledgerflow.versions import evals, show_at
 from rules.events import parse
 from rules.projection import fold
+from workflows.task import TaskWorkflow
 
 PIPELINE = """
 goal: three shots and an edit
@@ -20,6 +24,9 @@ stages:
 """
 REWORK_S02 = json.dumps(
     {"scores": {"visual": 0.4}, "blame": {"visual": ["shots/S02"]}, "reasons": ["S02 off"]}
+)
+REWORK_S01_S03 = json.dumps(
+    {"scores": {"visual": 0.4}, "blame": {"visual": ["shots/S03", "shots/S01"]}, "reasons": ["off model"]}
 )
 PASS = json.dumps({"scores": {"visual": 0.9}, "blame": {}, "reasons": []})
 
@@ -47,29 +54,40 @@ async def test_soft_warning_completes_with_its_verdict(lf, sim):
     assert result.state == "Completed" and result.summary["verdict"] == "SoftWarning"
 
 
-async def test_quality_rework_rolls_back_to_the_flagged_node_and_reruns_only_what_it_invalidated(lf, sim):
-    # The model blames shots/S02 until it sees S02's second version, then passes.
-    await sim.configure(chat_default=REWORK_S02, chat_script=[{"match": '"shots/S02": 2', "content": PASS}])
+async def test_quality_rework_reruns_the_flagged_shots_and_their_lineage_in_one_round(lf, sim):
+    # The model blames shots S01 and S03 until it sees S03's second version, then passes.
+    await sim.configure(
+        chat_default=REWORK_S01_S03, chat_script=[{"match": '"shots/S03": 2', "content": PASS}]
+    )
     plan = lf.plan(PIPELINE.format(limit=2))
-    result = await lf.run(plan)
+    handle = await lf.start(plan)
+    result = await handle.result()
     assert result.state == "Completed" and result.summary["verdict"] == "Pass"
+    replayer = Replayer(workflows=[TaskWorkflow], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(await handle.fetch_history())  # the rework path replays deterministically
     p = fold(lf.recorder.read_events(plan.task_id))
     assert p.rework_rounds == 1
-    rollback = next(parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "Rollback")
-    assert rollback.target == "shots/S02"
-    assert set(rollback.invalidated) == {"shots/S02", "edit", "compose", "review"}
+    rollbacks = [parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "Rollback"]
+    assert len(rollbacks) == 1, "both issues of the review are merged into one round"
+    assert rollbacks[0].targets == ("shots/S01", "shots/S03")
+    assert set(rollbacks[0].invalidated) == {"shots/S01", "shots/S03", "edit", "compose", "review"}
     attempts = {n: v.attempts for n, v in p.nodes.items()}
     assert attempts == {
-        "script": 1,
-        "shots/S01": 1,
-        "shots/S02": 2,
-        "shots/S03": 1,
+        "script": 1,  # their common ancestor was not flagged: it is not redone
+        "shots/S01": 2,
+        "shots/S02": 1,  # a sibling nobody flagged is kept
+        "shots/S03": 2,
         "edit": 2,
         "compose": 2,
         "review": 2,
     }
-    rerun = [d for d in dispatches(lf, plan.task_id) if d.node == "shots/S02"][-1]
-    assert "visual" in " ".join(rerun.input["feedback"]["review_findings"])  # the findings go with the rerun
+    for shot in ("shots/S01", "shots/S03"):
+        first, rerun = [d for d in dispatches(lf, plan.task_id) if d.node == shot]
+        assert "feedback" not in first.input
+        assert "visual" in " ".join(rerun.input["feedback"]["review_findings"])  # findings go with it
+        assert rerun.input != first.input, "a rework never resends an unchanged request"
+    charged = {n: len(await sim.charges(f"{plan.task_id}:{n}")) for n in ("script", "shots/S02")}
+    assert charged == {"script": 1, "shots/S02": 1}
 
 
 async def test_rework_limit_escalates_instead_of_a_second_round(lf, sim):
