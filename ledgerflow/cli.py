@@ -61,15 +61,15 @@ def friendly(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, what: str = "plan") -> str:
     if not path.exists():
-        raise FileNotFoundError(f"no such plan file: {path}")
+        raise FileNotFoundError(f"no such {what} file: {path}")
     if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory, not a plan file")
+        raise IsADirectoryError(f"{path} is a directory, not a {what} file")
     try:
         return path.read_text()
     except UnicodeDecodeError:
-        raise PlanError(f"plan: {path} is not a text file") from None
+        raise PlanError(f"{what}: {path} is not a text file") from None
 
 
 @app.command()
@@ -265,6 +265,30 @@ def drill(
     from ledgerflow.drill import run_drill
 
     report = asyncio.run(run_drill(get_settings(), kills, seed, tasks))
+    out.print(report.table())
+    if not report.clean:
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def soak(
+    tasks: Annotated[int, typer.Option("--tasks", min=1, max=200, help="copies of the plan to run")] = 20,
+    plan: Annotated[Path, typer.Option(help="plan to run")] = Path("examples/e001_video.yaml"),
+    sim: Annotated[Path | None, typer.Option(help="simulator profile (JSON) to load first")] = Path(
+        "examples/simulator_failures.json"
+    ),
+) -> None:
+    """Run many copies of a plan under the simulator's failure rates; verdicts, end states, money checks."""
+    from ledgerflow.soak import run_soak
+
+    profile = None
+    if sim is not None:
+        try:
+            profile = json.loads(_read(sim, "simulator profile"))
+        except json.JSONDecodeError as e:
+            raise PlanError(f"simulator profile {sim} is not JSON: {e.msg} at line {e.lineno}") from None
+    report = asyncio.run(run_soak(get_settings(), _read(plan), tasks, profile))
     out.print(report.table())
     if not report.clean:
         raise typer.Exit(1)

@@ -22,6 +22,7 @@ from ledgerflow import client as lf
 from ledgerflow import stack
 from ledgerflow.config import Settings
 from ledgerflow.report import stage_rows, status_table
+from rules.events import parse
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
 
@@ -42,8 +43,10 @@ def run_demo(settings: Settings, plan_text: str, out: Console) -> int:
     _give_the_project_a_ceiling(settings, f"project:{plan.project}")
     summary, error = asyncio.run(_run(settings, plan, out))
     wall = time.monotonic() - started
-    n_events = len(lf.events(settings, task_id))
-    out.print(_report(summary, n_events, wall))
+    record = lf.events(settings, task_id)
+    out.print(_report(summary, len(record), wall))
+    for line in _rework_lines(record):
+        out.print(line)
     ui = info.get("ui_url")
     if ui:
         out.print(f"Temporal UI: {ui}/namespaces/{settings.namespace}/workflows/{workflow_id(task_id)}")
@@ -93,6 +96,23 @@ async def _run(settings: Settings, plan: Any, out: Console) -> tuple[dict[str, A
     return summary, error
 
 
+def _rework_lines(record: list[Any]) -> list[str]:
+    """One line per quality-rework round: what the review flagged, what was rerun, and the outcome."""
+    lines = []
+    for e in record:
+        if e.type == "ExecutionResult" and e.payload.get("kind") == "review":
+            findings = "; ".join(e.payload.get("findings", []))
+            lines.append(f"review (seq {e.seq}): {e.payload.get('verdict')} {findings}".rstrip())
+        if e.type == "Rollback":
+            done = parse(e)
+            rerun = [n for n in done.invalidated if n not in done.targets]
+            lines.append(
+                f"rework round {done.round} (seq {e.seq}): rerun {', '.join(done.targets)} "
+                f"and {len(rerun)} nodes built on them ({', '.join(rerun)})"
+            )
+    return lines
+
+
 def _report(summary: dict[str, Any], n_events: int, wall: float) -> Table:
     table = Table(
         title=f"E001 report — {summary['state']}, verdict {summary.get('verdict')}", title_justify="left"
@@ -103,5 +123,8 @@ def _report(summary: dict[str, Any], n_events: int, wall: float) -> Table:
         table.add_row(stage, str(nodes), str(attempts), str(cost))
     table.add_section()
     table.add_row("total", "", "", str(summary["spent"]))
-    table.caption = f"{n_events} ledger events · wall time {wall:.1f}s · ceiling {summary['ceiling']}"
+    table.caption = (
+        f"{n_events} ledger events · wall time {wall:.1f}s · ceiling {summary['ceiling']} · "
+        f"rework rounds {summary.get('rework_rounds', 0)}"
+    )
     return table

@@ -72,6 +72,15 @@ def test_missing_plan_file_is_one_line(tmp_path):
     assert_one_line_error(run(["submit", str(tmp_path / "nope.yaml")], cwd=tmp_path), "no such plan file")
 
 
+def test_soak_with_a_missing_or_broken_simulator_profile_is_one_line_before_anything_starts(tmp_path):
+    missing = run(["soak", "--sim", str(tmp_path / "nope.json")], cwd=tmp_path)
+    assert_one_line_error(missing, "no such simulator profile file")
+    broken = tmp_path / "profile.json"
+    broken.write_text("{not json")
+    assert_one_line_error(run(["soak", "--sim", str(broken)], cwd=tmp_path), "is not JSON")
+    assert not (tmp_path / ".ledgerflow").exists(), "no stack was started for bad input"
+
+
 def test_unreachable_temporal_is_one_line(tmp_path, pg_url):
     path = tmp_path / "plan.yaml"
     path.write_text(GOOD)

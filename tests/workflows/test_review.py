@@ -31,6 +31,11 @@ REWORK_S01_S03 = json.dumps(
 PASS = json.dumps({"scores": {"visual": 0.9}, "blame": {}, "reasons": []})
 
 
+def blame(node: str) -> str:
+    """A judgement asking for rework of ``node``."""
+    return json.dumps({"scores": {"visual": 0.4}, "blame": {"visual": [node]}, "reasons": [f"{node} off"]})
+
+
 def dispatches(lf, task_id):
     return [
         parse(e).action
@@ -126,6 +131,26 @@ async def test_failed_static_gate_terminates_before_the_expensive_node_spends_an
     assert "edit" not in {d.node for d in dispatches(lf, plan.task_id)}
     assert await sim.charges(f"{plan.task_id}:edit") == []
     assert "Rollback" not in [e.type for e in lf.recorder.read_events(plan.task_id)]
+
+
+async def test_the_gate_checks_each_input_version_once_and_a_new_version_again(lf, sim):
+    await sim.configure(
+        chat_default=blame("edit"),  # round 1 redoes edit itself: its input version is unchanged
+        chat_script=[
+            {"match": '"shots/S02": 2', "content": PASS},
+            {"match": '"edit": 2', "content": blame("shots/S02")},  # round 2: a new version of an input
+        ],
+    )
+    plan = lf.plan(PIPELINE.format(limit=2).replace("{id: edit,", "{id: edit, gate: true,"))
+    result = await lf.run(plan)
+    assert result.state == "Completed"
+    events = lf.recorder.read_events(plan.task_id)
+    gates = [parse(e) for e in events if e.type == "ExecutionResult" and e.payload["kind"] == "gate"]
+    assert fold(events).nodes["edit"].attempts == 3
+    assert len(gates) == 2 and all(g.passed for g in gates), "three runs of edit, two input versions"
+    assert gates[0].input_version < gates[1].input_version
+    s02 = [e.seq for e in events if e.type == "Outcome" and e.payload["node"] == "shots/S02"]
+    assert gates[1].input_version == s02[-1], "anchored to the registration of the new version"
 
 
 async def test_a_failed_canary_stops_the_fan_out(lf, sim):
