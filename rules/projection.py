@@ -46,7 +46,7 @@ from rules.events import (
     Verdict,
     parse,
 )
-from rules.plan import Plan, TimeoutPolicy, Value
+from rules.plan import REVIEW, Plan, TimeoutPolicy, Value
 
 
 class TaskState(StrEnum):
@@ -103,7 +103,11 @@ class NodeView:
     gate_pending: int | None = None  # input version whose static gate is in progress
     gate_op: str | None = None
     dispatch: Dispatch | None = None  # the current attempt's recorded action (what was, or will be, sent)
-    gates: dict[int, bool] = field(default_factory=dict)  # input version -> passed
+    gates: dict[int, bool] = field(default_factory=dict)  # input version -> passed (set for the whole stage)
+    # The findings of the review whose rework round invalidated this node: every attempt of the node in that
+    # round carries them (a retry after a technical failure too), until a later round replaces them.
+    rework_findings: tuple[str, ...] = ()
+    rework_round: int = 0
     dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
 
     @property
@@ -263,7 +267,8 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
             if event.operation_key == node.gate_op:
-                node.gate_pending = None  # the gate itself broke (not a verdict): the rules re-issue it
+                for peer in _stage_of(p, node.id):
+                    peer.gate_pending = None  # the gate itself broke (not a verdict): the rules re-issue it
             elif event.operation_key == node.operation_key and node.status != NodeStatus.STALE:
                 node.status = NodeStatus.FAILED
                 node.failures.append(FailureInfo(node.attempts, event.kind, event.error, stored.recorded_at))
@@ -275,12 +280,15 @@ def apply(p: Projection, stored: StoredEvent) -> None:
             _apply_human(p, event)
         case RollbackDone():
             p.rework_rounds = max(p.rework_rounds, event.round)
+            findings = p.review.findings if p.review is not None else ()
             for n in event.invalidated:
                 view = p.nodes.get(n)
                 if view is not None:
                     view.status = NodeStatus.STALE
                     view.approved = False
                     view.round_base = view.attempts
+                    view.rework_findings = findings or (event.reason,)
+                    view.rework_round = event.round
             if p.review is not None:
                 p.review.handled = True
         case Escalation():
@@ -290,7 +298,8 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                 p.escalation_reason = event.reason
             if event.resolves and event.resolves in p.requests:
                 p.requests[event.resolves].applied = True
-            if p.review is not None and p.review.verdict == Verdict.QUALITY_REWORK:
+            request = p.requests.get(event.request_id) if event.request_id else None
+            if p.review is not None and _answers_review(p, request):
                 p.review.handled = True
         case PartialResolution():
             node = p.nodes.get(event.node)
@@ -316,8 +325,9 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
             p.reservations[d.operation_key] = e.reservation
             p.reserved += e.reservation
         case StaticGate() as g:
-            p.nodes[g.node].gate_pending = g.input_version
-            p.nodes[g.node].gate_op = g.operation_key
+            for n in _stage_of(p, g.node):  # one gate per stage and input version: it covers every node
+                n.gate_pending = g.input_version
+                n.gate_op = g.operation_key
         case SuspendForHuman() as s:
             _open_request(p, s.request, stored.seq)
         case Escalate() as esc:
@@ -332,6 +342,11 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
             assert_never(e.action)
 
 
+def _stage_of(p: Projection, node: str) -> list[NodeView]:
+    """Every node of ``node``'s stage (itself alone for a stage without fan-out)."""
+    return [p.nodes[n] for n in p.graph.stage_nodes[p.graph.nodes[node].stage.id]]
+
+
 def _open_request(p: Projection, request: HumanRequest, seq: int) -> None:
     p.requests[request.id] = RequestView(request=request, opened_seq=seq)
     if request.kind == RequestKind.DEAD_LETTER and request.node in p.nodes:
@@ -343,8 +358,9 @@ def _apply_result(p: Projection, e: ExecutionResult, stored: StoredEvent) -> Non
     if node is None:
         return
     if e.kind == "gate":
-        node.gates[e.input_version] = e.passed
-        node.gate_pending = None
+        for n in _stage_of(p, e.node):
+            n.gates[e.input_version] = e.passed
+            n.gate_pending = None
         if not e.passed:
             p.failed_gate = f"{e.node}: {'; '.join(e.findings) or 'compliance gate failed'}"
         _spend(p, None, e.actual_cost)
@@ -409,10 +425,26 @@ def _grant(p: Projection, r: RequestView, decision: HumanDecisionType) -> None:
             node.extra_attempts += 1  # resuming a stopped node grants it one more attempt
             node.status = NodeStatus.PENDING
             node.dead_letter = None
-        if p.review is not None and p.review.verdict == Verdict.QUALITY_REWORK and p.review.handled:
-            p.rework_allowance += 1
+        if _answers_review(p, r) and p.review is not None and p.review.handled:
+            p.rework_allowance += 1  # resuming the rework-limit escalation grants one more round
             p.review.handled = False
     del decision
+
+
+def _answers_review(p: Projection, request: RequestView | None) -> bool:
+    """Whether ``request`` is the rework-limit escalation of the current QualityRework review.
+
+    Only that escalation answers the review (and resuming it grants a round). Any other escalation met while
+    a rework is pending or under way (budget, time, a refused reservation) leaves the review as it was.
+    """
+    return (
+        request is not None
+        and request.request.kind == RequestKind.ESCALATION
+        and request.request.node == REVIEW
+        and p.review is not None
+        and p.review.verdict == Verdict.QUALITY_REWORK
+        and request.opened_seq > p.review.seq
+    )
 
 
 def _settle(p: Projection, node: NodeView, operation_key: str, actual: Decimal) -> None:

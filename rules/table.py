@@ -33,7 +33,8 @@ from rules.people import context_package
 from rules.plan import REVIEW, TimeoutPolicy
 from rules.projection import NodeStatus, NodeView, Projection
 
-_RETRYABLE: Final = frozenset({FailureKind.TECHNICAL, FailureKind.STALLED})
+# Retried automatically (with the error in the next request); anything else, or exhaustion, asks a person.
+_RETRYABLE: Final = frozenset({FailureKind.TECHNICAL, FailureKind.STALLED, FailureKind.INVALID_OUTPUT})
 _RESUME_OPTIONS: Final = (HumanDecisionType.RESUME, HumanDecisionType.ADD_BUDGET, HumanDecisionType.ABORT)
 
 
@@ -256,7 +257,8 @@ def _rework_when(p: Projection, now: datetime) -> bool:
 def _rework_then(p: Projection, now: datetime) -> Action:
     assert p.review is not None
     if p.rework_rounds >= p.plan.rework_limit + p.rework_allowance:
-        return _escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached")
+        # About the review node: resuming this escalation (and only this one) grants one more round.
+        return _escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached", node=REVIEW)
     flagged = [f for f in p.review.flagged if f in p.nodes] or [REVIEW]
     targets, invalid = p.graph.rollback_target(flagged)
     ordered = tuple(sorted(invalid, key=lambda n: p.graph.nodes[n].order))
@@ -335,8 +337,10 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
     if _needs_gate(p, n):
         version = _input_version(p, n.id)
         if version not in n.gates:
+            # One gate per stage and input version: the fan-out's nodes share their request and inputs.
+            stage = p.graph.nodes[n.id].stage.id
             return StaticGate(
-                node=n.id, input_version=version, operation_key=f"{p.task_id}:{n.id}:gate{version}"
+                node=n.id, input_version=version, operation_key=f"{p.task_id}:{stage}:gate{version}"
             )
     reason = "rework" if n.status == NodeStatus.STALE else "first attempt" if n.attempts == 0 else "redo"
     return _dispatch_or_escalate(p, n, reason, now)
@@ -379,9 +383,9 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
     if spec.item is not None:
         request["item"] = spec.item
     feedback: dict[str, Any] = {}
-    if n.status == NodeStatus.STALE and p.review is not None and p.review.findings:
-        feedback["review_findings"] = list(p.review.findings)
-        feedback["rework_round"] = p.rework_rounds
+    if n.rework_findings:  # every attempt of the round, a retry after a technical failure too
+        feedback["review_findings"] = list(n.rework_findings)
+        feedback["rework_round"] = n.rework_round
     if n.failures:
         feedback["previous_errors"] = [
             f"attempt {f.attempt} ({f.kind.value}): {f.error[:300]}" for f in n.failures[-3:]

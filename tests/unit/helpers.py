@@ -224,17 +224,19 @@ class History:
 
     def gate(self, node: str, passed: bool = True, input_version: int | None = None) -> History:
         """The static gate's result for the gate INTENT most recently recorded for ``node``."""
-        version = self.view.nodes[node].gate_pending if input_version is None else input_version
+        view = self.view.nodes[node]
+        version = view.gate_pending if input_version is None else input_version
         assert version is not None, f"no gate pending on {node}"
+        key = view.gate_op or self.op(node)  # one gate per stage: any node of it names the gate's key
         event = ExecutionResult(
             kind="gate",
             node=node,
-            operation_key=self.op(node),
+            operation_key=key,
             passed=passed,
             input_version=version,
             findings=() if passed else ("banned term in input",),
         )
-        return self.append(event, dedup_key=f"{self.op(node)}:result")
+        return self.append(event, dedup_key=f"{key}:result")
 
     def review(
         self,

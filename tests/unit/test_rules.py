@@ -506,6 +506,17 @@ def test_r8_retries_a_stall_too_but_stops_at_the_attempt_limit() -> None:
     assert isinstance(action, SuspendForHuman) and "exhausted 2 attempts" in action.request.reason
 
 
+def test_r8_retries_an_output_that_failed_its_node_check_with_the_problem_in_the_request() -> None:
+    h = History(make_plan(stage("a", retries=1)))
+    error = "a: format gif is not one of mp4"
+    h.dispatch("a").failure("a", FailureKind.INVALID_OUTPUT, error=error).tick(60)
+    rule, retry, _ = decided(h)
+    assert rule == "R8" and isinstance(retry, Dispatch) and retry.attempt == 2
+    assert retry.input["feedback"]["previous_errors"] == [f"attempt 1 (invalid_output): {error}"]
+    h.record(rule, retry).failure("a", FailureKind.INVALID_OUTPUT, error=error).tick(60)
+    assert decided(h)[0] == "R9", "at the attempt limit a person decides"
+
+
 def test_r8_hero_nodes_get_two_more_attempts() -> None:
     h = History(make_plan(stage("a", retries=0, value="hero")))
     for attempt in (1, 2, 3):
@@ -513,9 +524,7 @@ def test_r8_hero_nodes_get_two_more_attempts() -> None:
         assert decided(h)[0] == ("R8" if attempt < 3 else "R9")
 
 
-@pytest.mark.parametrize(
-    "kind", [FailureKind.CONTENT, FailureKind.UNKNOWN_OUTCOME, FailureKind.INVALID_OUTPUT]
-)
+@pytest.mark.parametrize("kind", [FailureKind.CONTENT, FailureKind.UNKNOWN_OUTCOME])
 @pytest.mark.parametrize("policy", [TimeoutPolicy.APPROVE, TimeoutPolicy.ESCALATE, TimeoutPolicy.ABORT])
 def test_r9_a_non_technical_failure_asks_a_person_instead_of_retrying(
     kind: FailureKind, policy: TimeoutPolicy
@@ -621,6 +630,54 @@ def test_r10_e001_rework_of_two_shots_reruns_those_two_shots_and_what_is_built_o
     assert action.invalidated[-2:] == (COMPOSE, REVIEW)
 
 
+def _reworked_once(**fields: object) -> History:
+    """a -> b; the review asked for rework of b and round 1 (Rollback) is recorded."""
+    h = History(chain_plan(**fields))
+    h.drive(until(Dispatch, REVIEW))
+    h.act()
+    h.review(Verdict.QUALITY_REWORK, flagged=("b",), findings=("content.visual: b is off model",))
+    rule, action = h.act()
+    assert rule == "R10" and isinstance(action, Rollback) and action.round == 1
+    return h
+
+
+def test_resuming_another_escalation_mid_round_does_not_repeat_the_round() -> None:
+    h = _reworked_once(budget_ceiling="3.00")
+    h.dispatch("b").outcome("b", cost="5")  # the rework overran: spent is above the ceiling
+    rule, escalation = h.act()
+    assert rule == "R7" and isinstance(escalation, Escalate) and escalation.request is not None
+    h.human(escalation.request.id, HumanDecisionType.ADD_BUDGET, amount="10")
+    p = h.fold()
+    assert p.rework_allowance == 0 and p.review is not None and p.review.handled
+    rule, action, matched = decided(h)
+    assert "R10" not in matched and isinstance(action, Dispatch) and action.node == COMPOSE
+
+
+def test_add_budget_on_a_budget_escalation_does_not_lift_the_rework_limit() -> None:
+    h = History(chain_plan(rework_limit=0, budget_ceiling="3.00"))
+    h.drive(until(Dispatch, REVIEW))
+    h.act()
+    h.review(Verdict.QUALITY_REWORK, flagged=("b",), cost="5")  # the review itself overran the ceiling
+    rule, escalation = h.act()
+    assert rule == "R7" and isinstance(escalation, Escalate) and escalation.request is not None
+    h.human(escalation.request.id, HumanDecisionType.ADD_BUDGET, amount="10")
+    rule, action, _ = decided(h)
+    assert rule == "R10" and isinstance(action, Escalate), "the limit of 0 rounds still holds"
+    assert action.reason == "rework limit of 0 rounds reached"
+
+
+def test_a_retry_within_a_rework_round_still_carries_the_review_findings() -> None:
+    h = _reworked_once()
+    rule, rework = h.act()
+    assert rule == "R11" and isinstance(rework, Dispatch) and rework.node == "b"
+    assert rework.input["feedback"]["review_findings"] == ["content.visual: b is off model"]
+    h.failure("b", FailureKind.TECHNICAL, error="vendor returned 503").tick(60)
+    rule, retry, _ = decided(h)
+    assert rule == "R8" and isinstance(retry, Dispatch)
+    assert retry.input["feedback"]["review_findings"] == ["content.visual: b is off model"]
+    assert retry.input["feedback"]["previous_errors"] == ["attempt 2 (technical): vendor returned 503"]
+
+
 def test_rework_rounds_do_not_use_up_technical_retries() -> None:
     h = History(chain_plan(rework_limit=5))  # b: retries 2, so 3 attempts per round
     for _ in range(3):
@@ -684,6 +741,23 @@ def test_r11_gates_a_gated_node_once_per_input_version() -> None:
         isinstance(regate, StaticGate)
         and regate.input_version == h.fold().nodes["a"].artifact_seq > a_version
     )
+
+
+def test_r11_one_gate_covers_every_node_of_a_fan_out_for_one_input_version() -> None:
+    h = History(make_plan(stage("a"), stage("m", "a", gate=True, fan_out=3, canary=False)))
+    h.dispatch("a").outcome("a")
+    rule, gate = h.act()
+    version = h.fold().nodes["a"].artifact_seq
+    assert rule == "R11" and isinstance(gate, StaticGate)
+    assert (gate.input_version, gate.operation_key) == (version, f"t1:m:gate{version}")  # the stage's key
+    assert decided(h)[0] == "wait", "no second gate while the stage's gate runs"
+    h.gate(gate.node, passed=True)
+    dispatched = [h.act()[1] for _ in range(3)]
+    assert [(type(d).__name__, getattr(d, "node", None)) for d in dispatched] == [
+        ("Dispatch", "m/S01"),
+        ("Dispatch", "m/S02"),
+        ("Dispatch", "m/S03"),
+    ]
 
 
 def test_r11_gate_threshold_gates_every_stage_estimated_at_or_above_it() -> None:
