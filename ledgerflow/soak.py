@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 from rich.table import Table
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
 from ledgerflow import client as lf
@@ -76,7 +76,11 @@ class SoakReport:
 
 
 async def run_soak(
-    settings: Settings, plan_text: str, tasks: int, sim_config: dict[str, Any] | None
+    settings: Settings,
+    plan_text: str,
+    tasks: int,
+    sim_config: dict[str, Any] | None,
+    timeout: float = 1800.0,
 ) -> SoakReport:
     started = asyncio.get_running_loop().time()
     info = stack.up(settings)
@@ -108,17 +112,24 @@ async def run_soak(
         )
         task_ids.append(tid)
     pending = set(range(tasks))
+    deadline = asyncio.get_running_loop().time() + timeout
     while pending:
         for i in list(pending):
             with contextlib.suppress(RPCError):
                 if (await handles[i].query("status"))["state"] in SETTLED:
                     pending.discard(i)
+            with contextlib.suppress(RPCError):
+                if (await handles[i].describe()).status != WorkflowExecutionStatus.RUNNING:
+                    pending.discard(i)  # the workflow itself ended (e.g. failed): nothing more will happen
+        if asyncio.get_running_loop().time() > deadline:
+            break  # what is still running is reported as it stands
         await asyncio.sleep(1.0)
     rec = lf.recorder(settings)
     try:
         for h, tid in zip(handles, task_ids, strict=True):
-            if fold(rec.read_events(tid)).state.value == "Escalated":
-                await h.terminate("soak run over: nobody is there to answer")
+            if fold(rec.read_events(tid)).state.value not in ("Completed", "Failed"):
+                with contextlib.suppress(RPCError):  # it may have ended on its own meanwhile
+                    await h.terminate("soak run over: nobody is there to answer")
     finally:
         rec.dispose()
     report = tally(settings, task_ids, str(info["vendor_url"]))

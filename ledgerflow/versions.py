@@ -33,7 +33,11 @@ class Evaluation:
 
 
 def evals(settings: Settings, task_id: str, threshold: float = 0.1) -> list[Evaluation]:
-    """Every review's per-dimension scores, in order, flagging drops larger than ``threshold``."""
+    """Every review's per-dimension scores, in order, with regressions flagged.
+
+    A regression is a score more than ``threshold`` below the best earlier score of its dimension, so a slow
+    drift is caught as well as a single step down.
+    """
     out: list[Evaluation] = []
     best_before: dict[str, float] = {}
     compositions = 0
@@ -52,7 +56,7 @@ def evals(settings: Settings, task_id: str, threshold: float = 0.1) -> list[Eval
             Evaluation(stored.seq, compositions, str(result.verdict), dict(result.scores), regressions)
         )
         for dim, score in result.scores.items():
-            best_before[dim] = score
+            best_before[dim] = max(best_before.get(dim, score), score)
     return out
 
 

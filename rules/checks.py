@@ -147,15 +147,26 @@ def media_problems(spec: OutputSpec, media: Media) -> list[str]:
     return problems
 
 
+def output_problems(spec: OutputSpec | None, media: Media | None) -> list[str]:
+    """A stage's node check on one arriving artifact: how it misses the stage's ``output`` bounds, if it does.
+
+    The executor runs it before registering an artifact (an artifact that fails it is recorded as
+    ``Failure(invalid_output)`` and retried), so a fan-out's canary must pass it before the stage widens;
+    the review's ``technical.media`` holds the same bounds again over the composition.
+    """
+    if spec is None:
+        return []
+    if media is None:
+        return ["has no media metadata to hold to its stage's output bounds"]
+    return media_problems(spec, media)
+
+
 def _media(facts: Facts) -> list[CheckResult]:
     out = []
     for n in facts.nodes:
         if n.output is None or n.artifact is None:
             continue  # no bounds declared; or nothing delivered (technical.hash flags that)
-        if n.artifact.media is None:
-            message = f"{n.node} has no media metadata to hold to its stage's output bounds"
-            out.append(CheckResult(MEDIA.name, Severity.REWORK, message, (n.node,)))
-        elif problems := media_problems(n.output, n.artifact.media):
+        if problems := output_problems(n.output, n.artifact.media):
             out.append(CheckResult(MEDIA.name, Severity.REWORK, f"{n.node} {'; '.join(problems)}", (n.node,)))
     return out
 

@@ -16,6 +16,7 @@ from rules.checks import (
     Kind,
     NodeFacts,
     gate,
+    output_problems,
     phase1,
 )
 from rules.events import Media, Verdict
@@ -187,6 +188,16 @@ def test_a_bounded_value_the_vendor_did_not_report_asks_for_rework() -> None:
 
 
 # ── the short-circuit ─────────────────────────────────────────────────────────────────────────────────
+def test_the_node_check_on_arrival_holds_one_artifact_to_its_stage_s_bounds() -> None:
+    assert output_problems(None, None) == [], "a stage without bounds accepts any output"
+    assert output_problems(BOUNDS, GOOD_MEDIA) == []
+    assert output_problems(BOUNDS, None) == ["has no media metadata to hold to its stage's output bounds"]
+    assert output_problems(BOUNDS, media(format="gif", height=480)) == [
+        "format gif is not one of mp4, webm",
+        "height 480 is below 720",
+    ]
+
+
 def test_a_compliance_block_skips_the_technical_checks() -> None:
     bad = media(format="gif")
     nodes = (
