@@ -20,8 +20,11 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import LlmDecideInput
 from ledger.recorder import Recorder
+from rules.actions import Action
+from rules.envelope import StoredEvent
 from rules.events import Decision, to_new
-from rules.llm import parse_proposal
+from rules.llm import Proposal, check_llm_action, parse_proposal
+from rules.projection import apply, fold
 
 MAX_OUTPUT_CHARS = 20000
 
@@ -115,7 +118,12 @@ class LlmActivities:
 
     @activity.defn(name="llm.decide")
     async def decide(self, inp: LlmDecideInput) -> dict[str, Any] | None:
-        """Ask the model for one action; record a Decision event; return the syntactically valid proposal."""
+        """Ask the model for one action; record a Decision event; return the syntactically valid proposal.
+
+        The Decision records the action the proposal becomes under the loop's own checks (the same pure
+        ``check_llm_action`` on the same fold and time), so the record says what the model's answer was worth;
+        the workflow recomputes it and acts on its own result.
+        """
         dedup = f"{inp.task_id}:decision:{inp.watermark}"
         existing = await asyncio.to_thread(self.recorder.find_by_dedup_key, dedup)
         if existing is not None:  # a retry after the decision was recorded: never pay for it twice
@@ -129,19 +137,45 @@ class LlmActivities:
             model=reply.model,
             prompt_hash=reply.prompt_hash,
             raw_output=reply.content,
+            proposal=proposal.model_dump() if proposal else None,
             valid=proposal is not None,
             error=problem,
             tokens_in=reply.tokens_in,
             tokens_out=reply.tokens_out,
             cost=reply.cost,
         )
-        event = to_new(decision, dedup_key=dedup)
-        payload = {**event.payload, "proposal": proposal.model_dump() if proposal else None}
+        if proposal is not None and inp.decided_at is not None:
+            problem, action = await self._admit(inp, decision, proposal, dedup)
+            decision = decision.model_copy(
+                update={"action": action, "valid": problem is None, "error": problem}
+            )
         append = functools.partial(
-            self.recorder.append_idempotent,
-            inp.task_id,
-            event.model_copy(update={"payload": payload}),
-            spend=reply.cost,
+            self.recorder.append_idempotent, inp.task_id, to_new(decision, dedup_key=dedup), spend=reply.cost
         )
         await asyncio.to_thread(append)  # inference is spent on every budget scope, like vendor work
-        return proposal.model_dump() if proposal else None
+        return decision.proposal
+
+    async def _admit(
+        self, inp: LlmDecideInput, decision: Decision, proposal: Proposal, dedup: str
+    ) -> tuple[str | None, Action | None]:
+        """The loop's check of ``proposal``: on the fold at the watermark plus this Decision (its inference
+        spend counts, as it does in the workflow's projection, which folds the Decision before checking)."""
+        assert inp.decided_at is not None
+        events = await asyncio.to_thread(self.recorder.read_events, inp.task_id)
+        p = fold(e for e in events if e.seq <= inp.watermark)
+        new = to_new(decision, dedup_key=dedup)
+        apply(
+            p,
+            StoredEvent(
+                task_id=inp.task_id,
+                seq=inp.watermark + 1,  # where the workflow will find it (nothing else is written meanwhile)
+                type=new.type,
+                schema_version=new.schema_version,
+                epoch=0,
+                dedup_key=dedup,
+                operation_key=None,
+                payload=new.payload,
+                recorded_at=inp.decided_at,
+            ),
+        )
+        return check_llm_action(p, proposal.model_dump(), inp.decided_at)

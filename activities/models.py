@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel
+
+from rules.plan import OutputSpec
 
 
 class StageInput(BaseModel):
@@ -20,6 +23,7 @@ class StageInput(BaseModel):
     estimate: Decimal
     input: dict[str, Any] = {}
     stall_after: float = 600.0  # seconds without progress before the watchdog cancels the job
+    output: OutputSpec | None = None  # the stage's output bounds: the node check an artifact must pass
 
 
 class GateInput(BaseModel):
@@ -38,7 +42,11 @@ class RecordDecisionInput(BaseModel):
 
 
 class LlmDecideInput(BaseModel):
+    """An open question: the task's fold at ``watermark``, decided at ``decided_at`` (workflow time)."""
+
     task_id: str
     watermark: int
     summary: dict[str, Any]
     allowed: list[str]
+    # Optional for inputs scheduled before it existed: without it, only the output's shape is recorded.
+    decided_at: datetime | None = None

@@ -5,6 +5,10 @@ submit with the OperationKey as the vendor's idempotency key → Progress(job id
 id, under the stall watchdog → artifact fetched, hash-verified, stored atomically → Outcome(actual cost).
 Every write is idempotent on a key derived from the OperationKey, and ``{op}:result`` is shared by Outcome,
 Failure and the void marker, so one operation has exactly one resolution, settled exactly once.
+
+When the task ends while an operation is in flight (abort, compliance block, time ceiling), the workflow
+cancels its executor and waits: the executor cancels the vendor job and records a Failure at what the job
+cost (or voids an operation that never reached the vendor), so its reservation is settled on every scope.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ledger.recorder import Recorder
 from ledgerflow.faults import mark
 from reconcile.operations import Next, VendorMode, operation_state, reconcile
 from reconcile.watchdog import StallWatch
+from rules.checks import output_problems
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import (
     ArtifactRef,
@@ -38,12 +43,22 @@ from rules.events import (
 )
 from vendors.errors import (
     ArtifactHashMismatch,
+    VendorCannotTell,
     VendorConflict,
+    VendorError,
     VendorRateLimited,
     VendorRejected,
     VendorUnavailable,
 )
 from vendors.http import HttpJobVendor, JobStatus, VendorJob
+
+
+class _Attempt:
+    """How far this attempt got at the vendor: what a cancellation has to stop and account for."""
+
+    def __init__(self) -> None:
+        self.job_id: str | None = None
+        self.sent = False  # a submit was (or may have been) sent
 
 
 class StageActivities:
@@ -81,8 +96,9 @@ class StageActivities:
             raise ApplicationError(
                 f"epoch {inp.epoch} is stale (current {epoch})", type="StaleEpoch", non_retryable=True
             )
+        attempt = _Attempt()
         try:
-            job = await self._reconcile_and_submit(inp)
+            job = await self._reconcile_and_submit(inp, attempt)
             if isinstance(job, StoredEvent):
                 return job  # voided, or the outcome is unknown: the loop decides what follows
             if job.status == JobStatus.RUNNING:
@@ -91,6 +107,9 @@ class StageActivities:
                 return await self._stalled(inp, job)
             mark("vendor_completed", op=key, job=job.id)
             return await self._settle(inp, job)
+        except asyncio.CancelledError:
+            await self._abandon(inp, attempt)
+            raise
         except VendorRateLimited as e:
             raise ApplicationError(
                 "vendor rate limited", type="VendorRateLimited", next_retry_delay=_delay(e.retry_after)
@@ -104,7 +123,7 @@ class StageActivities:
                 f"vendor rejected the request: {e}", type="VendorRejected", non_retryable=True
             ) from e
 
-    async def _reconcile_and_submit(self, inp: StageInput) -> VendorJob | StoredEvent:
+    async def _reconcile_and_submit(self, inp: StageInput, attempt: _Attempt) -> VendorJob | StoredEvent:
         key = inp.operation_key
         details = activity.info().heartbeat_details
         heartbeat_job = str(details[0]) if details else None
@@ -117,6 +136,7 @@ class StageActivities:
             decision = await reconcile(self.vendor, self.mode, key, state, heartbeat_job)
             if decision.next == Next.RESUME:
                 assert decision.job is not None
+                attempt.job_id = decision.job.id
                 if decision.job.id != state.job_id:
                     await self._progress(inp, decision.job)
                 return decision.job
@@ -131,9 +151,11 @@ class StageActivities:
                     inp.task_id, to_new(marker, dedup_key=f"{key}:submitting", operation_key=key)
                 )
         mark("submitting", op=key)
+        attempt.sent = True
         job = await self.vendor.submit(
             operation_key=key, executor=inp.executor, input=inp.input, estimate=inp.estimate
         )
+        attempt.job_id = job.id
         mark("vendor_accepted", op=key, job=job.id)
         activity.heartbeat(job.id)
         if job.status == JobStatus.RUNNING:
@@ -173,6 +195,44 @@ class StageActivities:
             actual_cost=cancelled.cost,
         )
         return await self._resolve(inp, failure, spend=cancelled.cost)
+
+    async def _abandon(self, inp: StageInput, attempt: _Attempt) -> None:
+        """The workflow cancelled this attempt (its task ended): stop the job and record what it cost.
+
+        Only for a cancellation the workflow asked for. Any other (the worker shutting down, a heartbeat
+        timeout, a run that is gone because it was terminated, reset or taken over) leaves the operation
+        open, for the next attempt or the next run to reconcile and adopt. An operation that never reached the
+        vendor is voided; a job is cancelled and the operation fails at what the job cost (billed when it was
+        accepted). Every write is the operation's idempotent result, settling its reservation: a recorded
+        result stands.
+        """
+        why = activity.cancellation_details()
+        if why is None or not why.cancel_requested:
+            return
+        key = inp.operation_key
+        job_id = attempt.job_id
+        try:
+            if job_id is None and attempt.sent:  # cancelled while submitting: the vendor may have the job
+                jobs = await self.vendor.find_by_key(key)
+                job_id = jobs[0].id if jobs else None
+            if job_id is None:
+                await self._void(inp, "cancelled before the vendor had the job: the task ended")
+                return
+            job = await self.vendor.cancel(job_id)
+        except VendorCannotTell:
+            await self._unknown(inp, "cancelled while submitting, and the vendor cannot look the key up")
+            return
+        except VendorError as e:
+            await self._unknown(inp, f"cancelled, but job {job_id or '?'} could not be stopped: {e}")
+            return
+        failure = Failure(
+            node=inp.node,
+            operation_key=key,
+            kind=FailureKind.TECHNICAL,
+            error=f"cancelled: the task ended while job {job.id} was {job.status} at {job.progress:.0%}",
+            actual_cost=job.cost,
+        )
+        await self._resolve(inp, failure, spend=job.cost)
 
     async def _void(self, inp: StageInput, why: str) -> StoredEvent:
         marker = SystemMarker(
@@ -227,6 +287,16 @@ class StageActivities:
                 event = Outcome(
                     node=inp.node, operation_key=key, job_id=job.id, artifact=artifact, actual_cost=job.cost
                 )
+                # The node check: an artifact outside its stage's output bounds is never registered as the
+                # node's version; it is paid for, and the rules retry with the problem in the request.
+                if problems := output_problems(inp.output, artifact.media):
+                    event = Failure(
+                        node=inp.node,
+                        operation_key=key,
+                        kind=FailureKind.INVALID_OUTPUT,
+                        error=f"{inp.node} {'; '.join(problems)}",
+                        actual_cost=job.cost,
+                    )
         else:
             kind = FailureKind.TECHNICAL
             if job.error is not None and job.error.kind == "content_rejected":

@@ -94,12 +94,20 @@ class Intent(_Event):
 
 
 class Decision(_Event):
-    """An LLM's discretionary choice, with everything needed to judge it later."""
+    """An LLM's discretionary choice, with everything needed to judge it later.
+
+    ``proposal`` is what the model proposed, as parsed (None: no usable output). ``action`` is the action it
+    becomes after the same checks the loop applies (``rules.llm.check_llm_action`` on the task's fold at the
+    decision's watermark and time, this decision's inference spend included); ``valid`` and ``error`` cover
+    both the output's shape and that admission. The loop recomputes the action from the same inputs and acts
+    on its own result. Both fields are optional: decisions recorded before them still parse.
+    """
 
     type: Literal["Decision"] = "Decision"
     model: str
     prompt_hash: str
     raw_output: str = Field(max_length=20000)
+    proposal: dict[str, Any] | None = None
     action: Action | None = None
     valid: bool
     error: str | None = None

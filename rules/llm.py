@@ -23,6 +23,7 @@ from rules.actions import (
     SuspendForHuman,
 )
 from rules.admission import admits
+from rules.people import context_package
 from rules.projection import Projection
 from rules.table import advance, ready_nodes
 
@@ -51,6 +52,20 @@ def parse_proposal(raw: Any) -> tuple[Proposal | None, str | None]:
     return proposal, None
 
 
+def ask_person(p: Projection, reason: str) -> SuspendForHuman:
+    """The task-stopping question put to a person when no rule matched and the model gave no usable action:
+    it asked for one, its proposal was refused, or it could not be asked at all (an outage)."""
+    options = (HumanDecisionType.RESUME, HumanDecisionType.ABORT)
+    request = HumanRequest(
+        id=f"invalid_decision:{p.watermark}",
+        kind=RequestKind.INVALID_DECISION,
+        reason=reason[:2000],
+        options=options,
+        context=context_package(p, RequestKind.INVALID_DECISION, None, options),
+    )
+    return SuspendForHuman(request=request)
+
+
 def check_llm_action(p: Projection, raw: Any, now: datetime) -> tuple[str | None, Action | None]:
     """Turn a proposal into an action the loop may take, or say why not."""
     if raw is None:
@@ -69,13 +84,7 @@ def check_llm_action(p: Projection, raw: Any, now: datetime) -> tuple[str | None
         )
         return None, Escalate(reason=reason, terminal=False, request=request)
     if proposal.action == "ask_human":
-        request = HumanRequest(
-            id=f"invalid_decision:{p.watermark}",
-            kind=RequestKind.INVALID_DECISION,
-            reason=f"model asks a person: {proposal.reason or 'no reason given'}",
-            options=(HumanDecisionType.RESUME, HumanDecisionType.ABORT),
-        )
-        return None, SuspendForHuman(request=request)
+        return None, ask_person(p, f"model asks a person: {proposal.reason or 'no reason given'}")
     ready = {n.id: n for n in ready_nodes(p)}
     if proposal.node not in ready:
         return f"node {str(proposal.node)[:60]!r} is not ready to dispatch", None

@@ -1,12 +1,13 @@
 """Review verdict aggregation: many check results converge on exactly one of four verdicts.
 
-Phase 1 (compliance and technical checks) is pure and runs first; a hard failure short-circuits.
-Phase 2 (content judgement by a model) only refines a phase-1 pass. The aggregation is deterministic.
+Phase 1 (compliance and technical checks) is pure and runs first; a BLOCK there short-circuits: the model
+is not asked. Otherwise phase 2 (content judgement by a model) runs too, whatever else phase 1 found (its
+SOFT and REWORK results are kept), and the aggregation over both phases is deterministic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final
@@ -55,8 +56,20 @@ def aggregate(results: list[CheckResult]) -> tuple[Verdict, tuple[str, ...], tup
     return Verdict.PASS, (), ()
 
 
-def score_results(scores: dict[str, float], blame: dict[str, tuple[str, ...]]) -> list[CheckResult]:
-    """Turn per-dimension model scores into check results (phase 2)."""
+# The model's reasons travel with its findings (into a rework's request), bounded: each one, and all of them.
+REASON_CHARS: Final = 300
+REASONS_CHARS: Final = 800
+
+
+def score_results(
+    scores: dict[str, float], blame: dict[str, tuple[str, ...]], reasons: Sequence[str] = ()
+) -> list[CheckResult]:
+    """Turn per-dimension model scores into check results (phase 2).
+
+    The model's ``reasons`` are not keyed by dimension: when any dimension falls short they become one more
+    finding, ``content.reasons``, at the worst severity among the scores (so it is kept with them by
+    :func:`aggregate`), each reason and the whole line bounded in length. No nodes: blame stays per dimension.
+    """
     out = []
     for dim, score in sorted(scores.items()):
         if score < REWORK_BELOW:
@@ -65,6 +78,11 @@ def score_results(scores: dict[str, float], blame: dict[str, tuple[str, ...]]) -
             )
         elif score < SOFT_BELOW:
             out.append(CheckResult(f"content.{dim}", Severity.SOFT, f"score {score:.2f}"))
+    said = [" ".join(r.split())[:REASON_CHARS] for r in reasons]
+    said = [r for r in said if r]
+    if out and said:
+        worst = Severity.REWORK if any(r.severity == Severity.REWORK for r in out) else Severity.SOFT
+        out.append(CheckResult("content.reasons", worst, "; ".join(said)[:REASONS_CHARS]))
     return out
 
 

@@ -93,6 +93,10 @@ class SimConfig(BaseModel):
     mode: Literal["idempotent", "lookup_only", "none"] = "idempotent"
     chat_script: list[ChatRule] = Field(default_factory=list)
     chat_default: str = DEFAULT_CHAT
+    # The chat endpoint's own faults: answer every call with this HTTP status (an outage), and take this long
+    # to answer (a slow model). Off by default.
+    chat_error_status: int | None = Field(default=None, ge=400, le=599)
+    chat_latency_seconds: float = Field(default=0.0, ge=0)
 
     def profile(self, executor: str) -> ExecutorProfile:
         return self.executors.get(executor, self.default)
@@ -346,6 +350,13 @@ class SimState:
             return {"charges": rows, "total": money(total), "count": len(rows)}
 
     def chat(self, body: ChatRequest) -> dict[str, Any]:
+        cfg = self.config
+        if cfg.chat_latency_seconds:
+            time.sleep(cfg.chat_latency_seconds)  # on uvicorn's thread pool: other requests go on meanwhile
+        if cfg.chat_error_status is not None:
+            with self._lock:
+                self._chat["calls"] += 1  # a refused call is still a call (nothing is billed for it)
+            raise SimError(cfg.chat_error_status, "chat_unavailable", "the model is unavailable")
         texts = [_text(m.content) for m in body.messages]
         last_user = next((_text(m.content) for m in reversed(body.messages) if m.role == "user"), "")
         with self._lock:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
@@ -30,12 +30,8 @@ with workflow.unsafe.imports_passed_through():
         Action,
         Dispatch,
         Escalate,
-        HumanDecisionType,
-        HumanRequest,
-        RequestKind,
         Rollback,
         StaticGate,
-        SuspendForHuman,
         Wait,
     )
     from rules.envelope import NewEvent, StoredEvent
@@ -49,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         SystemMarker,
         to_new,
     )
-    from rules.llm import ALLOWED_LLM_ACTIONS, check_llm_action
+    from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
     from rules.plan import Plan
     from rules.projection import Projection, apply, fold, summary
     from rules.table import budget_refused, decide
@@ -71,6 +67,16 @@ STAGE_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=0,
     non_retryable_error_types=["VendorConflict", "VendorRejected", "StaleEpoch"],
+)
+# The fallback planner is asked a few times at most: an outage (retries exhausted on LlmUnavailable) or a
+# refused request (LlmRejected, not retried) suspends the task for a person instead of failing the workflow.
+LLM_TIMEOUT = timedelta(minutes=2)
+LLM_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=3,
+    non_retryable_error_types=["LlmRejected"],
 )
 # What an executor's unfixable error means for the rules.
 _GAVE_UP = {"VendorRejected": FailureKind.CONTENT, "VendorConflict": FailureKind.UNKNOWN_OUTCOME}
@@ -102,6 +108,8 @@ class TaskWorkflow:
         self._task_id = ""
         self._woken = False
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._activities: dict[str, workflow.ActivityHandle[Any]] = {}  # executor activities not yet resolved
+        self._stopping = False  # the task ended: its executor activities are being cancelled
         self._ceiling_at = datetime.max.replace(tzinfo=UTC)
         self._heartbeat_timeout = timedelta(seconds=30)
         self._arrived: list[StoredEvent] = []  # result events executors returned, not yet folded
@@ -146,34 +154,55 @@ class TaskWorkflow:
             now = workflow.now()
             decided = decide(p, now)
             if decided is None:
-                decided = await self._ask_llm(p)
+                decided = await self._ask_llm(p, now)
             rule, action = decided
             if isinstance(action, Wait):
                 await self._wait(p, action)
                 continue
-            recorded = await self._record(p, rule, action)
+            recorded = await self._record(p, rule, action, decided_at=now)
             self._act(p, recorded)
+        alarm.cancel()
+        await self._stop_in_flight(p)
         # Decisions signalled while the task was ending are recorded too (rejected: the request is closed), so
         # every one of them is in the audit trail.
         await self._take_decisions(p)
-        alarm.cancel()
-        for task in self._running.values():
-            task.cancel()  # a terminal task stops its in-flight work (R1/R2/R4)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
 
+    async def _stop_in_flight(self, p: Projection) -> None:
+        """A terminal task (R1/R2/R4) stops its in-flight work, and waits until every operation is resolved.
+
+        Each executor activity is cancelled and the workflow waits for the cancellation to complete: a paid
+        executor then cancels its vendor job and records the operation's one result at what it actually cost,
+        settling its reservation on every budget scope. An executor that ends without a result (cancelled
+        before it started, or its worker lost) gets the failure ``_execute`` records, which releases the
+        reservation. Only the activities are cancelled, not ``_execute`` itself, so that record is written.
+        Nothing is left reserved once the task has ended.
+        """
+        if not self._running:
+            return
+        self._stopping = True
+        for handle in list(self._activities.values()):
+            handle.cancel()
+        await workflow.wait_condition(lambda: not self._running)
+        new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+        self._apply(p, new)
+
     # ── recording ────────────────────────────────────────────────────────────────────────────────────
-    async def _record(self, p: Projection, rule: str, action: Action) -> Action:
+    async def _record(
+        self, p: Projection, rule: str, action: Action, *, decided_at: datetime | None = None
+    ) -> Action:
         """Write the INTENT (and, for event-only actions, its effect) in one fenced transaction.
 
-        Returns the action actually recorded, which is the one to act on: a dispatch whose reservation the
-        ledger refuses becomes an escalation, and the dispatch is never acted on.
+        ``decided_at`` is the time the action was decided at (default: now), recorded with the watermark so
+        an audit can recompute the decision. Returns the action actually recorded, which is the one to act on:
+        a dispatch whose reservation the ledger refuses becomes an escalation, never acted on.
         """
         reservation = action.estimate if isinstance(action, Dispatch) else Decimal(0)
         intent = Intent(
             action=action,
             rule=rule,
             watermark=p.watermark,
-            decided_at=workflow.now(),
+            decided_at=decided_at or workflow.now(),
             reservation=reservation,
         )
         key = f"{p.task_id}:intent:{p.watermark}:{p.intents + 1}"
@@ -273,6 +302,7 @@ class TaskWorkflow:
                 estimate=action.estimate,
                 input=action.input,
                 stall_after=stage.stall_after,
+                output=stage.output,
             )
             activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")
             self._start(action.operation_key, action.node, activity, inp, action.estimate)
@@ -294,29 +324,49 @@ class TaskWorkflow:
     ) -> None:
         """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
         try:
-            result = await workflow.execute_activity(
+            self._activities[op_key] = handle = workflow.start_activity(
                 activity,
                 arg,
                 start_to_close_timeout=timedelta(hours=2),
+                # Every executor heartbeats (stage.run while it polls, compose/review/gate all along): a lost
+                # worker's attempt is retried within this timeout, and a cancellation reaches the executor.
                 heartbeat_timeout=self._heartbeat_timeout,
                 retry_policy=STAGE_RETRY,
+                # A terminal task waits for its executors to resolve what they were doing (_stop_in_flight).
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             )
+            result = await handle
             self._arrived.append(StoredEvent.model_validate(result))
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise  # not ours (the worker evicting this workflow from its cache)
+            # Cancelled by _stop_in_flight just as it resolved: whatever it wrote stands (see below).
+            await self._gave_up(node, op_key, reserved, FailureKind.TECHNICAL, _cancelled(op_key))
         except ActivityError as e:
             cause = _application_error(e)
             if cause is not None and cause.type == "StaleEpoch":
                 self._fenced = cause.message  # another run holds the task: write nothing, stop (see run)
                 return
-            # The executor hit an error no retry can fix, before any job existed (a refused request): record
-            # it so the rules can ask a person. Idempotent: if the executor did write a result, that one wins.
-            assert self._p is not None
+            # The executor hit an error no retry can fix, before any job existed (a refused request), or it
+            # was cancelled (the task ended) without recording a result: record a failure, releasing the
+            # reservation, so the rules can ask a person and no reservation outlives its operation.
+            # Idempotent: if the executor wrote a result (a cancelled one records what its job cost), it wins.
             kind = _GAVE_UP.get(cause.type if cause is not None and cause.type else "", FailureKind.TECHNICAL)
-            failure = Failure(node=node, operation_key=op_key, kind=kind, error=_error_text(e))
-            result = to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key)
-            await self._mark(self._p, result, release=reserved)
+            error = _cancelled(op_key) if isinstance(e.cause, CancelledError) else _error_text(e)
+            await self._gave_up(node, op_key, reserved, kind, error)
         finally:
+            self._activities.pop(op_key, None)
             self._running.pop(op_key, None)
             self._woken = True
+
+    async def _gave_up(
+        self, node: str, op_key: str, reserved: Decimal, kind: FailureKind, error: str
+    ) -> None:
+        """Record the failure of an executor that ended without a result, releasing its reservation."""
+        assert self._p is not None
+        failure = Failure(node=node, operation_key=op_key, kind=kind, error=error)
+        result = to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key)
+        await self._mark(self._p, result, release=reserved)
 
     async def _take_decisions(self, p: Projection) -> None:
         """Validate and record each signalled decision (authenticated, authorised, first one wins) before
@@ -371,28 +421,35 @@ class TaskWorkflow:
         return not self._arrived
 
     # ── the LLM, only where the rules are silent ─────────────────────────────────────────────────────
-    async def _ask_llm(self, p: Projection) -> tuple[str, Action]:
-        proposed = await workflow.execute_activity(
-            "llm.decide",
-            LlmDecideInput(
-                task_id=p.task_id, watermark=p.watermark, summary=summary(p), allowed=ALLOWED_LLM_ACTIONS
-            ),
-            start_to_close_timeout=timedelta(minutes=5),
-            retry_policy=RetryPolicy(maximum_attempts=3),
+    async def _ask_llm(self, p: Projection, now: datetime) -> tuple[str, Action]:
+        """The fallback planner's action, or a question to a person when its answer cannot be used.
+
+        ``now`` is the decision's time. The activity records a Decision with the action its proposal becomes
+        under ``check_llm_action`` on the fold at this watermark (plus the Decision's own inference spend) at
+        ``now``; this loop recomputes it from the same inputs and acts on its own result.
+        """
+        ask = LlmDecideInput(
+            task_id=p.task_id,
+            watermark=p.watermark,
+            summary=summary(p),
+            allowed=ALLOWED_LLM_ACTIONS,
+            decided_at=now,
         )
+        try:
+            proposed = await workflow.execute_activity(
+                "llm.decide", ask, start_to_close_timeout=LLM_TIMEOUT, retry_policy=LLM_RETRY
+            )
+        except ActivityError as e:
+            # An outage (retries exhausted) or a refused request: no Decision was recorded, nothing was
+            # decided. The task waits for a person rather than failing the workflow. The error text is the
+            # chat client's own (status, error type): it never carries the API key.
+            return "LLM", ask_person(p, f"no rule matched and the model could not be asked: {_error_text(e)}")
         new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
         self._apply(p, new)  # the Decision event (and its inference cost) is now in the projection
-        problem, action = check_llm_action(p, proposed, workflow.now())
+        problem, action = check_llm_action(p, proposed, now)
         if action is not None:
             return "LLM", action
-        request = HumanRequest(
-            id=f"invalid_decision:{p.watermark}",
-            kind=RequestKind.INVALID_DECISION,
-            reason=f"no rule matched and the model's proposal was refused: {problem}",
-            options=(HumanDecisionType.RESUME, HumanDecisionType.ABORT),
-            deadline=None,
-        )
-        return "LLM", SuspendForHuman(request=request)
+        return "LLM", ask_person(p, f"no rule matched and the model's proposal was refused: {problem}")
 
 
 class _BudgetRefused(Exception):
@@ -405,6 +462,10 @@ def _application_error(e: BaseException) -> ApplicationError | None:
     while cause is not None and not isinstance(cause, ApplicationError):
         cause = cause.cause if isinstance(cause, FailureError) else None
     return cause
+
+
+def _cancelled(op_key: str) -> str:
+    return f"cancelled: the task ended before {op_key} resolved"
 
 
 def _error_text(e: ActivityError) -> str:

@@ -5,6 +5,7 @@ The simulator is the only stand-in; its seeded draws decide which attempts deliv
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal
 
 from rules.events import parse
@@ -55,46 +56,62 @@ async def test_an_artifact_without_rights_blocks_the_task_with_no_rollback_and_n
     ]  # nothing was spent on rework
 
 
-def _seed_bad_then_good(task_id: str, profile: ExecutorProfile) -> int:
-    """The first simulator seed whose draws give edit's first attempt bad media and its second good media.
+def _seed_where(task_id: str, profile: ExecutorProfile, bad: set[str], good: set[str]) -> int:
+    """The first simulator seed whose draws give bad media to the operations in ``bad`` and good to ``good``.
 
     The draws depend on (seed, operation key, vendor attempt) only, so this picks the faults exactly.
     """
-    first, second = operation_key(task_id, "edit", 1), operation_key(task_id, "edit", 2)
     return next(
         seed
         for seed in range(10_000)
-        if Draw.for_attempt(seed, first, 0, profile).bad_media
-        and not Draw.for_attempt(seed, second, 0, profile).bad_media
+        if all(Draw.for_attempt(seed, key, 0, profile).bad_media for key in bad)
+        and not any(Draw.for_attempt(seed, key, 0, profile).bad_media for key in good)
     )
 
 
-async def test_media_outside_the_stage_s_bounds_is_reworked_then_the_task_completes(lf, sim):
+FAN_OUT = """
+goal: three shots of the right size
+budget_ceiling: 10
+stages:
+  - {id: script, executor: llm.text, estimate: 0.10}
+  - id: shots
+    executor: image.keyframe
+    estimate: 0.40
+    depends_on: [script]
+    fan_out: 3
+    input: {format: png, width: 1920, height: 1080}
+    output: {formats: [png], min_width: 1280, min_height: 720}
+"""
+
+
+async def test_a_canary_outside_its_bounds_is_retried_before_the_fan_out_widens(lf, sim):
     profile = {"bad_media": 0.5}
-    plan = lf.plan(PIPELINE)
+    plan = lf.plan(FAN_OUT)
     assert plan.task_id is not None
-    seed = _seed_bad_then_good(plan.task_id, ExecutorProfile(**profile))
-    await sim.configure(seed=seed, executors={"edit.assembly": profile})
+    key = functools.partial(operation_key, plan.task_id)
+    bad, good = {key("shots/S01", 1)}, {key("shots/S01", 2), key("shots/S02", 1), key("shots/S03", 1)}
+    seed = _seed_where(plan.task_id, ExecutorProfile(**profile), bad, good)
+    await sim.configure(seed=seed, executors={"image.keyframe": profile})
 
     result = await lf.run(plan)
 
     assert result.state == "Completed" and result.summary["verdict"] == "Pass"
-    first, second = review_results(lf, plan.task_id)
-    assert first.verdict == "QualityRework" and first.flagged == ("edit",)
-    assert first.findings == (
-        "technical.media: edit format gif is not one of mp4; duration 60s is outside 20-40s; "
-        "width 960 is below 1280; height 540 is below 720",
+    [failure] = events_of(lf, plan.task_id, "Failure")
+    assert (failure.operation_key, failure.kind) == (key("shots/S01", 1), "invalid_output")
+    assert (
+        failure.error
+        == "shots/S01 format gif is not one of png; width 960 is below 1280; height 540 is below 720"
     )
-    assert second.verdict == "Pass"
-    [rollback] = events_of(lf, plan.task_id, "Rollback")
-    assert rollback.flagged == ("edit",) and "script" not in rollback.invalidated
-    outcomes = [e for e in events_of(lf, plan.task_id, "Outcome") if e.node == "edit"]
-    assert [e.operation_key for e in outcomes] == [
-        operation_key(plan.task_id, "edit", 1),
-        operation_key(plan.task_id, "edit", 2),
-    ]
-    assert [o.artifact.media.format for o in outcomes] == ["gif", "mp4"]  # recorded with each artifact
-    assert await sim.total(f"{plan.task_id}:edit:") == Decimal("0.40")  # two paid attempts, no more
+    assert failure.actual_cost == Decimal("0.40"), "a paid artifact that failed its check is still accounted"
+    shots = [i.action for i in events_of(lf, plan.task_id, "Intent") if i.action.kind == "Dispatch"]
+    order = [d.operation_key for d in shots if d.node.startswith("shots/")]
+    assert order[:2] == [key("shots/S01", 1), key("shots/S01", 2)], "the canary passes its check first"
+    assert set(order[2:]) == {key("shots/S02", 1), key("shots/S03", 1)}
+    assert shots[[d.operation_key for d in shots].index(key("shots/S01", 2))].input["feedback"] == {
+        "previous_errors": [f"attempt 1 (invalid_output): {failure.error}"]
+    }
+    assert events_of(lf, plan.task_id, "Rollback") == [], "caught on arrival: no rework round needed"
+    assert await sim.total(f"{plan.task_id}:shots/") == Decimal("1.60")  # four paid attempts, no more
 
 
 async def test_the_static_gate_blocks_a_node_whose_input_has_no_rights_before_it_spends(lf, sim):

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+from decimal import Decimal
 
+import httpx
+import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
+from activities.artifacts import LocalArtifactStore
+from activities.llm import ChatClient
+from activities.models import StageInput
+from activities.review import ReviewActivities
+from ledger.errors import LedgerError
 from ledgerflow.versions import evals, show_at
 from rules.events import parse
+from rules.plan import REVIEW
 from rules.projection import fold
-from workflows.task import TaskWorkflow
+from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
 PIPELINE = """
 goal: three shots and an edit
@@ -89,10 +100,24 @@ async def test_quality_rework_reruns_the_flagged_shots_and_their_lineage_in_one_
     for shot in ("shots/S01", "shots/S03"):
         first, rerun = [d for d in dispatches(lf, plan.task_id) if d.node == shot]
         assert "feedback" not in first.input
-        assert "visual" in " ".join(rerun.input["feedback"]["review_findings"])  # findings go with it
+        findings = rerun.input["feedback"]["review_findings"]
+        assert "content.visual: score 0.40" in findings  # findings go with it …
+        assert "content.reasons: off model" in findings  # … and what the model said was wrong
         assert rerun.input != first.input, "a rework never resends an unchanged request"
     charged = {n: len(await sim.charges(f"{plan.task_id}:{n}")) for n in ("script", "shots/S02")}
     assert charged == {"script": 1, "shots/S02": 1}
+
+
+async def test_a_rework_verdict_that_blames_no_part_reruns_the_review_with_what_it_said_before(lf, sim):
+    no_blame = json.dumps({"scores": {"visual": 0.4}, "blame": {}, "reasons": ["something is off"]})
+    await sim.configure(chat_default=no_blame, chat_script=[{"match": "previous_findings", "content": PASS}])
+    plan = lf.plan(PIPELINE.format(limit=2))
+    result = await lf.run(plan)
+    assert result.state == "Completed" and result.summary["verdict"] == "Pass"
+    [rollback] = [parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "Rollback"]
+    assert rollback.targets == ("review",) and rollback.invalidated == ("review",)
+    p = fold(lf.recorder.read_events(plan.task_id))
+    assert p.nodes["review"].attempts == 2 and p.nodes["shots/S01"].attempts == 1, "only the review reran"
 
 
 async def test_rework_limit_escalates_instead_of_a_second_round(lf, sim):
@@ -178,3 +203,80 @@ async def test_evals_list_scores_per_version_and_flag_a_regression(lf, sim):
     assert rows[0].regressions == {} and rows[1].regressions == {"story": (0.9, 0.7)}
     then = show_at(lf.settings, plan.task_id, rows[0].seq)  # time travel: the state the first verdict left
     assert then["verdict"] == "QualityRework" and then["nodes"]["shots/S02"]["status"] == "succeeded"
+
+
+async def chat_calls(sim) -> int:
+    return (await sim.http.get("/chat/stats")).json()["calls"]
+
+
+async def test_a_model_slower_than_the_heartbeat_timeout_is_asked_once(lf, sim):
+    # The review heartbeats while it waits on the model: its attempt is not timed out and retried (and paid)
+    # over and over; the one judgement asked for is the one recorded.
+    await sim.configure(chat_default=PASS, chat_latency_seconds=2.5)
+    plan = lf.plan(PIPELINE.format(limit=2))
+    assert plan.task_id is not None
+    before = await chat_calls(sim)
+    handle = await lf.client.start_workflow(
+        TaskWorkflow.run,
+        TaskInput(task_id=plan.task_id, plan=plan, heartbeat_timeout_seconds=1.0),
+        id=workflow_id(plan.task_id),
+        task_queue=lf.task_queue,
+    )
+    try:
+        result = await asyncio.wait_for(handle.result(), 30)
+    except TimeoutError:
+        await handle.terminate("test over")
+        pytest.fail("the review never finished: its attempts kept timing out while the model answered")
+    assert result.state == "Completed" and result.summary["verdict"] == "Pass"
+    assert await chat_calls(sim) - before == 1
+
+
+async def test_a_review_retried_after_its_paid_judgement_reuses_it(lf, sim, simulator_url, sim_key, tmp_path):
+    # The review's judgement rides in its heartbeat details: an attempt that paid for it but died before the
+    # verdict was recorded leaves it to the next attempt, which does not ask (or pay) again.
+    await sim.configure(chat_error_status=503)  # the review cannot be judged: it stays in flight
+    plan = lf.plan(PIPELINE.format(limit=2))
+    handle = await lf.start(plan)
+    await asyncio.wait_for(_until_dispatched(lf, plan.task_id, REVIEW), 30)
+    await handle.terminate("the run is gone; its review operation is still open")
+    await asyncio.sleep(0.5)  # an attempt in progress ends (503); a terminated run gets no retry
+    [review] = [d for d in dispatches(lf, plan.task_id) if d.node == REVIEW]
+    inp = StageInput(
+        task_id=plan.task_id,
+        node=REVIEW,
+        operation_key=review.operation_key,
+        attempt=review.attempt,
+        epoch=0,
+        executor=review.executor,
+        estimate=review.estimate,
+        input=review.input,
+    )
+    async with httpx.AsyncClient(timeout=10) as http:
+        chat = ChatClient(http, simulator_url, sim_key, "sim-reviewer-1", Decimal("0.002"))
+        activities = ReviewActivities(lf.recorder, LocalArtifactStore(lf.settings.artifact_dir), chat)
+
+        await sim.configure(chat_default=REWORK_S02)
+        paid = ActivityEnvironment()
+        beats: list[object] = []
+        paid.on_heartbeat = lambda *details: beats.extend(details)
+        # The attempt pays for the judgement, then cannot record its verdict (here: it settles more than was
+        # reserved, which the ledger refuses; in life: the worker died).
+        broken = inp.model_copy(update={"estimate": inp.estimate + 1000})
+        with pytest.raises(LedgerError):
+            await paid.run(activities.review, broken)
+        assert beats and lf.recorder.find_by_dedup_key(f"{inp.operation_key}:result") is None
+
+        await sim.configure(chat_error_status=500)  # the model is gone: only the kept judgement can serve
+        before = await chat_calls(sim)
+        retry = ActivityEnvironment()
+        retry.info = dataclasses.replace(retry.info, heartbeat_details=[beats[-1]])
+        stored = await retry.run(activities.review, inp)
+    verdict = parse(stored)
+    assert verdict.verdict == "QualityRework" and verdict.flagged == ("shots/S02",)
+    assert verdict.actual_cost == Decimal(str(beats[-1]["cost"])) > 0  # the one judgement paid for
+    assert await chat_calls(sim) == before
+
+
+async def _until_dispatched(lf, task_id: str, node: str) -> None:
+    while not [d for d in dispatches(lf, task_id) if d.node == node]:
+        await asyncio.sleep(0.1)
