@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rules.actions import (
     Action,
     Dispatch,
-    Escalate,
     HumanDecisionType,
     HumanRequest,
     RequestKind,
@@ -25,7 +24,7 @@ from rules.actions import (
 from rules.admission import admits
 from rules.people import context_package
 from rules.projection import Projection
-from rules.table import advance, ready_nodes
+from rules.table import advance, escalate, ready_nodes
 
 ALLOWED_LLM_ACTIONS: Final = ["dispatch", "escalate", "ask_human"]
 
@@ -74,15 +73,7 @@ def check_llm_action(p: Projection, raw: Any, now: datetime) -> tuple[str | None
     if proposal is None:
         return problem, None
     if proposal.action == "escalate":
-        n = sum(1 for r in p.requests.values() if r.request.kind == RequestKind.ESCALATION) + 1
-        reason = f"model escalated: {proposal.reason or 'no reason given'}"
-        request = HumanRequest(
-            id=f"escalation:{n}",
-            kind=RequestKind.ESCALATION,
-            reason=reason,
-            options=(HumanDecisionType.RESUME, HumanDecisionType.ADD_BUDGET, HumanDecisionType.ABORT),
-        )
-        return None, Escalate(reason=reason, terminal=False, request=request)
+        return None, escalate(p, f"model escalated: {proposal.reason or 'no reason given'}")
     if proposal.action == "ask_human":
         return None, ask_person(p, f"model asks a person: {proposal.reason or 'no reason given'}")
     ready = {n.id: n for n in ready_nodes(p)}

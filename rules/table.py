@@ -52,7 +52,7 @@ def operation_key(task_id: str, node: str, attempt: int) -> str:
     return f"{task_id}:{node}:a{attempt}"
 
 
-def _escalate(p: Projection, reason: str, *, node: str | None = None) -> Escalate:
+def escalate(p: Projection, reason: str, *, node: str | None = None) -> Escalate:
     """A semi-terminal escalation: the task stops and a person may resume it."""
     n = sum(1 for r in p.requests.values() if r.request.kind == RequestKind.ESCALATION) + 1
     request = HumanRequest(
@@ -147,7 +147,7 @@ def _timeout_then(p: Projection, now: datetime) -> Action:
     reason = f"{req.kind.value} request {rid} timed out"
     if req.timeout_policy == TimeoutPolicy.ABORT:
         return Escalate(reason=f"{reason}: policy abort", terminal=True, resolves=rid)
-    esc = _escalate(p, f"{reason}: policy escalate", node=req.node)
+    esc = escalate(p, f"{reason}: policy escalate", node=req.node)
     return esc.model_copy(update={"resolves": rid})
 
 
@@ -157,7 +157,7 @@ def _budget_when(p: Projection, now: datetime) -> bool:
 
 
 def _budget_then(p: Projection, now: datetime) -> Action:
-    return _escalate(p, f"budget exhausted: spent {p.spent} of {p.ceiling}")
+    return escalate(p, f"budget exhausted: spent {p.spent} of {p.ceiling}")
 
 
 # R8 ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -258,7 +258,7 @@ def _rework_then(p: Projection, now: datetime) -> Action:
     assert p.review is not None
     if p.rework_rounds >= p.plan.rework_limit + p.rework_allowance:
         # About the review node: resuming this escalation (and only this one) grants one more round.
-        return _escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached", node=REVIEW)
+        return escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached", node=REVIEW)
     flagged = [f for f in p.review.flagged if f in p.nodes] or [REVIEW]
     targets, invalid = p.graph.rollback_target(flagged)
     ordered = tuple(sorted(invalid, key=lambda n: p.graph.nodes[n].order))
@@ -348,13 +348,13 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
 
 def budget_refused(p: Projection, node: str, why: str) -> Escalate:
     """The escalation when the ledger refuses a dispatch's reservation on a scope above the task."""
-    return _escalate(p, f"pre-dispatch budget insufficient for {node}: {why}", node=node)
+    return escalate(p, f"pre-dispatch budget insufficient for {node}: {why}", node=node)
 
 
 def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime) -> Action:
     stage = p.graph.nodes[n.id].stage
     if not admits(p, stage.estimate):
-        return _escalate(
+        return escalate(
             p,
             f"pre-dispatch budget insufficient for {n.id}: needs {stage.estimate}, "
             f"spent {p.spent} + reserved {p.reserved} of {p.ceiling}",
