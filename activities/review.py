@@ -43,6 +43,7 @@ from rules.verdicts import (
     score_results,
 )
 
+CONTENT_REVIEWER = "content.llm"  # the plan's review.reviewers entry that enables phase 2
 REVIEW_SYSTEM = (
     "You review a finished production against its goal. `parts` gives each part's version, `artifacts` "
     "each part's registered artifact (uri, sha256, media metadata), `checks` the automatic checks' "
@@ -215,7 +216,8 @@ class ReviewActivities:
         results = checks.phase1(await _facts(p, business))
         scores: dict[str, float] = {}
         cost = Decimal(0)
-        if not any(r.severity == Severity.BLOCK for r in results):
+        judged = CONTENT_REVIEWER in p.plan.review.reviewers  # phase 1 always runs; phase 2 if listed
+        if judged and not any(r.severity == Severity.BLOCK for r in results):
             soft = [r for r in results if r.severity == Severity.SOFT]
             reply = await self._judge(review_prompt(p, business, soft), beat)
             cost = reply.cost

@@ -181,7 +181,11 @@ class ApprovalPolicy(_Strict):
 
 
 class ReviewConfig(_Strict):
-    """The framework's review stage: which reviewers judge the composition."""
+    """The framework's review stage: which reviewers judge the composition.
+
+    Phase 1 (``compliance.rules``: rules.checks) always runs: compliance cannot be switched off. Phase 2, the
+    model's judgement, runs when ``content.llm`` is listed; a plan without it is reviewed by rules alone.
+    """
 
     reviewers: tuple[Ident, ...] = ("compliance.rules", "content.llm")
     estimate: Amount = Decimal("0.05")

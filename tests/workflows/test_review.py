@@ -120,6 +120,17 @@ async def test_a_rework_verdict_that_blames_no_part_reruns_the_review_with_what_
     assert p.nodes["review"].attempts == 2 and p.nodes["shots/S01"].attempts == 1, "only the review reran"
 
 
+async def test_a_plan_reviewed_by_rules_alone_never_asks_the_model(lf, sim):
+    await sim.configure(chat_default=REWORK_S02)  # would ask for rework, if it were asked
+    before = (await sim.http.get("/chat/stats")).json()["calls"]
+    plan = lf.plan(PIPELINE.format(limit=2) + "review: {reviewers: [compliance.rules]}\n")
+    result = await lf.run(plan)
+    assert result.state == "Completed" and result.summary["verdict"] == "Pass"
+    assert (await sim.http.get("/chat/stats")).json()["calls"] == before
+    [review] = [parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "ExecutionResult"]
+    assert review.actual_cost == 0 and review.scores == {}
+
+
 async def test_rework_limit_escalates_instead_of_a_second_round(lf, sim):
     await sim.configure(chat_default=REWORK_S02)  # never satisfied
     plan = lf.plan(PIPELINE.format(limit=1))
