@@ -23,9 +23,9 @@ class ArtifactCorrupt(Exception):
 
 class LocalArtifactStore:
     def __init__(self, root: Path) -> None:
-        self.root = root
+        self.root = root.resolve()  # the default is relative (.ledgerflow/artifacts); temp files are absolute
         self._host = socket.gethostname()
-        self.staging = root / "tmp" / f"{self._host}-{os.getpid()}"
+        self.staging = self.root / "tmp" / f"{self._host}-{os.getpid()}"
         self.staging.mkdir(parents=True, exist_ok=True)
 
     def put(self, data: bytes, expected_sha256: str, operation_key: str = "") -> str:
