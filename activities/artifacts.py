@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from ledgerflow.faults import mark
+from ledgerflow.pg import process_alive
 
 
 class ArtifactCorrupt(Exception):
@@ -57,20 +58,10 @@ class LocalArtifactStore:
         count = 0
         for staging in (self.root / "tmp").iterdir():
             host, _, pid = staging.name.rpartition("-")
-            if staging == self.staging or host != self._host or not pid.isdigit() or _alive(int(pid)):
+            if staging == self.staging or host != self._host or not pid.isdigit() or process_alive(int(pid)):
                 continue
             for leftover in staging.iterdir():
                 leftover.unlink(missing_ok=True)
                 count += 1
             staging.rmdir()
         return count
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

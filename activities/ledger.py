@@ -93,18 +93,20 @@ class LedgerActivities:
             # Not an error of the run: the loop records an escalation naming the scope that is short.
             raise ApplicationError(str(e), e.scope, type="BudgetRefused", non_retryable=True) from e
         except DuplicateEvent as e:
-            if not self._already_written(inp):
+            if not self._already_written(inp, e.dedup_key):
                 raise ApplicationError(str(e), type="DuplicateEvent", non_retryable=True) from e
             # This run wrote an INTENT under this key before its worker died; the local activity's result died
             # with it, so the replayed workflow decided again (at a later workflow time). The ledger's INTENT
             # is the decision: the caller finds it among the events returned and acts on that one.
         return self.recorder.read_events(inp.task_id, after_seq=inp.after)
 
-    def _already_written(self, inp: AppendInput) -> bool:
+    def _already_written(self, inp: AppendInput, dedup_key: str) -> bool:
+        """Whether the key that collided is this run's own INTENT, written before its worker died."""
         first = inp.events[0]
-        existing = self.recorder.find_by_dedup_key(first.dedup_key)
+        existing = self.recorder.find_by_dedup_key(dedup_key)
         return (
             existing is not None
+            and dedup_key == first.dedup_key
             and existing.task_id == inp.task_id
             and existing.epoch == inp.epoch
             and existing.type == first.type

@@ -104,7 +104,8 @@ async def _facts(p: Projection, nodes: Sequence[str], *, gated: str | None = Non
     """The facts phase 1 judges: the projection's, plus every registered artifact hashed, in parallel."""
     refs = {n: ref for n in nodes if n != gated and (ref := checks.registered_artifact(p, n)) is not None}
     hashes = await asyncio.gather(*(asyncio.to_thread(_file_sha256, ref.uri) for ref in refs.values()))
-    return checks.facts_for(p, nodes, dict(zip(refs, hashes, strict=True)), gated=gated)
+    found = {n: (ref, sha) for (n, ref), sha in zip(refs.items(), hashes, strict=True)}
+    return checks.facts_for(p, nodes, found, gated=gated)
 
 
 def _business(p: Projection) -> list[str]:

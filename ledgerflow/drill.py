@@ -210,6 +210,16 @@ async def run_drill(settings: Settings, kills: int, seed: int, tasks: int) -> Dr
     return report
 
 
+def vendor_charges(vendor_url: str, task_ids: list[str]) -> tuple[int, Decimal]:
+    """From the vendor's own charge list, for these tasks: duplicate charges (more than one per
+    OperationKey) and the total charged."""
+    charges = httpx.get(f"{vendor_url}/charges", timeout=10).json()["charges"]
+    tasks = set(task_ids)
+    mine = [c for c in charges if c["idempotency_key"].split(":")[0] in tasks]
+    keys = [c["idempotency_key"] for c in mine]
+    return len(keys) - len(set(keys)), sum((Decimal(c["amount"]) for c in mine), Decimal(0))
+
+
 def _task_of(held: str, prefix: str) -> str | None:
     for word in held.split():
         value = word.partition("=")[2]
@@ -234,11 +244,7 @@ async def _recovered(rec: Any, task: str, before: int, killed_at: float, timeout
 
 
 async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: list[str]) -> None:
-    charges = httpx.get(f"{settings.vendor_url}/charges", timeout=10).json()["charges"]
-    mine = [c for c in charges if any(c["idempotency_key"].startswith(f"{t}:") for t in task_ids)]
-    keys = [c["idempotency_key"] for c in mine]
-    report.duplicate_charges = len(keys) - len(set(keys))
-    report.vendor_total = sum((Decimal(c["amount"]) for c in mine), Decimal(0))
+    report.duplicate_charges, report.vendor_total = vendor_charges(str(settings.vendor_url), task_ids)
     report.tasks = len(task_ids)
     for tid in task_ids:
         events = rec.read_events(tid)

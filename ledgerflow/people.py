@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 from temporalio.service import RPCError, RPCStatusCode
 
+from ledgerflow import client
 from ledgerflow.client import ClientError, connect, recorder, task_histories
 from ledgerflow.config import Settings
 from rules.actions import RequestKind
@@ -62,14 +63,8 @@ def _tasks(settings: Settings, *, unfinished: bool) -> list[tuple[Projection, li
 
 
 def _task(settings: Settings, task_id: str) -> tuple[Projection, list[StoredEvent]]:
-    rec = recorder(settings)
-    try:
-        events = rec.read_events(task_id)
-    finally:
-        rec.dispose()
-    if not events:
-        raise ClientError(f"no task {task_id!r} in the ledger")
-    return fold(events), events
+    history = client.events(settings, task_id)
+    return fold(history), history
 
 
 # ── queue ────────────────────────────────────────────────────────────────────────────────────────────

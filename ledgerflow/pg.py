@@ -182,7 +182,7 @@ def kill(data_dir: Path) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + _KILL_GRACE_S
-    while any(_alive(p) for p in victims):
+    while any(process_alive(p) for p in victims):
         if time.monotonic() > deadline:
             for p in victims:
                 with contextlib.suppress(ProcessLookupError):
@@ -212,7 +212,7 @@ def postmaster_pid(data_dir: Path) -> int | None:
     if not lines or not lines[0].strip().isdigit():
         return None
     pid = int(lines[0])
-    return pid if _alive(pid) else None
+    return pid if process_alive(pid) else None
 
 
 def _wait_ready(data_dir: Path) -> PgInstance | None:
@@ -231,7 +231,7 @@ def _wait_ready(data_dir: Path) -> PgInstance | None:
         time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, counts as dead)."""
     try:
         status = Path(f"/proc/{pid}/stat").read_text()
@@ -256,7 +256,7 @@ def _processes_in(directory: Path) -> list[int]:
     target = str(directory.resolve())
     for entry in Path("/proc").glob("[0-9]*") if Path("/proc/self").exists() else ():
         try:
-            if os.readlink(entry / "cwd") == target and _alive(int(entry.name)):
+            if os.readlink(entry / "cwd") == target and process_alive(int(entry.name)):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -274,7 +274,7 @@ def _clear_zombie_lock(data_dir: Path) -> None:
     if not lines or not lines[0].strip().isdigit():
         return
     pid = lines[0].strip()
-    if not Path(f"/proc/{pid}").exists() or _alive(int(pid)) or _processes_in(data_dir):
+    if not Path(f"/proc/{pid}").exists() or process_alive(int(pid)) or _processes_in(data_dir):
         return
     # The unix socket's lock file names the same pid and blocks a restart on the same port just the same.
     if len(lines) >= 5 and lines[3].strip().isdigit() and lines[4].strip():

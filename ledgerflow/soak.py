@@ -23,9 +23,11 @@ from rich.table import Table
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
+from ledger.recorder import Recorder
 from ledgerflow import client as lf
 from ledgerflow import stack
 from ledgerflow.config import Settings
+from ledgerflow.drill import vendor_charges
 from rules.events import Escalation, ExecutionResult, Failure, Intent, Outcome, parse
 from rules.projection import fold
 from rules.table import RULES
@@ -118,6 +120,7 @@ async def run_soak(
             with contextlib.suppress(RPCError):
                 if (await handles[i].query("status"))["state"] in SETTLED:
                     pending.discard(i)
+                    continue
             with contextlib.suppress(RPCError):
                 if (await handles[i].describe()).status != WorkflowExecutionStatus.RUNNING:
                     pending.discard(i)  # the workflow itself ended (e.g. failed): nothing more will happen
@@ -130,45 +133,37 @@ async def run_soak(
             if fold(rec.read_events(tid)).state.value not in ("Completed", "Failed"):
                 with contextlib.suppress(RPCError):  # it may have ended on its own meanwhile
                     await h.terminate("soak run over: nobody is there to answer")
+        report = tally(rec, task_ids, str(info["vendor_url"]))
     finally:
         rec.dispose()
-    report = tally(settings, task_ids, str(info["vendor_url"]))
     report.wall_seconds = asyncio.get_running_loop().time() - started
     return report
 
 
-def tally(settings: Settings, task_ids: list[str], vendor_url: str) -> SoakReport:
+def tally(rec: Recorder, task_ids: list[str], vendor_url: str) -> SoakReport:
     """Everything the report says, read from the ledger and from the vendor's charge list."""
     report = SoakReport(tasks=len(task_ids))
-    charges = httpx.get(f"{vendor_url}/charges", timeout=10).json()["charges"]
-    mine = [c for c in charges if c["idempotency_key"].split(":")[0] in set(task_ids)]
-    keys = [c["idempotency_key"] for c in mine]
-    report.duplicate_charges = len(keys) - len(set(keys))
-    report.vendor_total = sum((Decimal(c["amount"]) for c in mine), Decimal(0))
-    rec = lf.recorder(settings)
-    try:
-        for tid in task_ids:
-            events = rec.read_events(tid)
-            p = fold(events)
-            verdicts = []
-            rule = ""
-            for e in events:
-                ev = parse(e)
-                if isinstance(ev, Intent):
-                    rule = ev.rule  # an Escalation is written with (right after) the INTENT deciding it
-                if isinstance(ev, ExecutionResult) and ev.kind == "review" and ev.verdict is not None:
-                    verdicts.append(str(ev.verdict))
-                if isinstance(ev, ExecutionResult) and ev.kind == "gate" and not ev.passed:
-                    report.gate_failures += 1
-                if isinstance(ev, Outcome | Failure):  # vendor jobs (compose records 0)
-                    report.ledger_total += ev.actual_cost
-                if isinstance(ev, Escalation):
-                    report.escalations[f"{rule} {RULE_NAMES.get(rule, '')}".strip()] += 1
-            report.review_verdicts.update(verdicts)
-            report.last_verdicts[verdicts[-1] if verdicts else "no review"] += 1
-            report.end_states[p.state.value] += 1
-            report.rework_rounds[p.rework_rounds] += 1
-            report.repaired += p.rework_rounds > 0 and p.state.value == "Completed"
-    finally:
-        rec.dispose()
+    report.duplicate_charges, report.vendor_total = vendor_charges(vendor_url, task_ids)
+    for tid in task_ids:
+        events = rec.read_events(tid)
+        p = fold(events)
+        verdicts = []
+        rule = ""
+        for e in events:
+            ev = parse(e)
+            if isinstance(ev, Intent):
+                rule = ev.rule  # an Escalation is written with (right after) the INTENT deciding it
+            if isinstance(ev, ExecutionResult) and ev.kind == "review" and ev.verdict is not None:
+                verdicts.append(str(ev.verdict))
+            if isinstance(ev, ExecutionResult) and ev.kind == "gate" and not ev.passed:
+                report.gate_failures += 1
+            if isinstance(ev, Outcome | Failure):  # vendor jobs (compose records 0)
+                report.ledger_total += ev.actual_cost
+            if isinstance(ev, Escalation):
+                report.escalations[f"{rule} {RULE_NAMES.get(rule, '')}".strip()] += 1
+        report.review_verdicts.update(verdicts)
+        report.last_verdicts[verdicts[-1] if verdicts else "no review"] += 1
+        report.end_states[p.state.value] += 1
+        report.rework_rounds[p.rework_rounds] += 1
+        report.repaired += p.rework_rounds > 0 and p.state.value == "Completed"
     return report

@@ -38,13 +38,7 @@ def temporal_binary() -> Path:
 
 
 def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+    return pid is not None and pid > 0 and pg.process_alive(pid)
 
 
 def wait_port(host: str, port: int, timeout: float = 30.0) -> None:

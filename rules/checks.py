@@ -216,23 +216,24 @@ def registered_artifact(p: Projection, node: str) -> ArtifactRef | None:
 def facts_for(
     p: Projection,
     nodes: Sequence[str],
-    actual_sha256: Mapping[str, str | None],
+    artifacts: Mapping[str, tuple[ArtifactRef, str | None]],
     *,
     gated: str | None = None,
 ) -> Facts:
     """Assemble the facts about ``nodes`` from the projection and what their files hash to now.
 
     Args:
-        actual_sha256: per node with a registered artifact, its file's sha256, or None if the file is missing.
+        artifacts: per node with a registered artifact (:func:`registered_artifact`; never the gated node),
+            that artifact and its file's sha256 now, or None if the file is missing.
         gated: the node a static gate is about to run: judged on its request only, never on an old artifact.
     """
     out = []
     for node in nodes:
         stage = p.graph.nodes[node].stage
-        ref = registered_artifact(p, node) if node != gated else None
         artifact = None
-        if ref is not None:
-            artifact = ArtifactFacts(ref.sha256, actual_sha256.get(node), ref.media)
+        if node in artifacts:
+            ref, actual = artifacts[node]
+            artifact = ArtifactFacts(ref.sha256, actual, ref.media)
         out.append(NodeFacts(node, stage.input, stage.output, artifact))
     review = p.plan.review
     return Facts(tuple(out), review.require_rights, review.banned_terms, gated)

@@ -118,11 +118,6 @@ class SignedDecision:
     amount: str | None
     signature: str
 
-    def message(self, task_id: str) -> str:
-        return canonical(
-            task_id, self.decision_id, self.request_id, self.decision, self.approver, self.amount, self.note
-        )
-
 
 def parse_decision(raw: Any) -> SignedDecision | str:
     """The payload as a :class:`SignedDecision`, or a one-line reason it is malformed or unsigned."""
@@ -242,10 +237,7 @@ class Ruling:
 
 def allowed_approvers(policy: ApprovalPolicy, kind: RequestKind) -> tuple[str, ...]:
     """Who may decide a request of this kind; empty means any approver with a key (authenticated)."""
-    for name, approvers in policy.approvers_by_kind.items():
-        if name == kind.value:
-            return approvers
-    return policy.approvers
+    return policy.approvers_by_kind.get(kind.value, policy.approvers)
 
 
 def resolutions(events: Iterable[StoredEvent], task_id: str) -> dict[str, StoredEvent]:
@@ -294,7 +286,7 @@ def evaluate(
     key = keys.get(d.approver)
     if key is None:
         return refuse(f"unknown approver {d.approver!r}")
-    expected = hmac.new(key.encode(), d.message(task_id).encode(), hashlib.sha256).hexdigest()
+    expected = sign(key, task_id, d.decision_id, d.request_id, d.decision, d.approver, d.amount, d.note)
     if not hmac.compare_digest(expected, d.signature):
         return refuse(
             f"bad signature for approver {d.approver!r} (forged, altered or signed for another task)"
@@ -666,7 +658,7 @@ def dead_letters(p: Projection, events: Sequence[StoredEvent]) -> list[dict[str,
         if req.kind != RequestKind.DEAD_LETTER or req.node is None or req.node not in p.nodes:
             continue
         tries = attempts(events, req.node, up_to=r.opened_seq)
-        last = next((f for f in reversed(p.nodes[req.node].failures)), None)
+        last = p.nodes[req.node].last_failure
         stage = p.graph.nodes[req.node].stage
         item = p.graph.nodes[req.node].item
         original = first_dispatch(events, req.node)

@@ -10,6 +10,7 @@ Postgres instead of starting one.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -176,6 +177,18 @@ class Ledgerflow:
 
     async def run(self, plan: Plan) -> TaskResult:
         return await (await self.start(plan)).result()
+
+    async def wait_state(
+        self, handle: WorkflowHandle[Any, TaskResult], states: set[str], timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """The task's status once its state is one of ``states`` (fails after ``timeout`` seconds)."""
+
+        async def poll() -> dict[str, Any]:
+            while (status := await handle.query("status"))["state"] not in states:
+                await asyncio.sleep(0.1)
+            return status
+
+        return await asyncio.wait_for(poll(), timeout)
 
 
 @pytest.fixture

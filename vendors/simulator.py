@@ -360,7 +360,6 @@ class SimState:
         texts = [_text(m.content) for m in body.messages]
         last_user = next((_text(m.content) for m in reversed(body.messages) if m.role == "user"), "")
         with self._lock:
-            cfg = self.config
             rule = next((r for r in cfg.chat_script if r.applies(cfg.seed, last_user)), None)
             content = rule.content if rule else cfg.chat_default
             prompt_tokens = sum(_tokens(t) for t in texts)

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         to_new,
     )
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
+    from rules.people import resolution_key
     from rules.plan import Plan
     from rules.projection import Projection, apply, fold, summary
     from rules.table import budget_refused, decide
@@ -110,7 +111,6 @@ class TaskWorkflow:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._activities: dict[str, workflow.ActivityHandle[Any]] = {}  # executor activities not yet resolved
         self._stopping = False  # the task ended: its executor activities are being cancelled
-        self._in_flight: dict[str, tuple[str, Decimal]] = {}  # op key -> (node, reservation) of an executor
         self._ceiling_at = datetime.max.replace(tzinfo=UTC)
         self._heartbeat_timeout = timedelta(seconds=30)
         self._arrived: list[StoredEvent] = []  # result events executors returned, not yet folded
@@ -186,7 +186,7 @@ class TaskWorkflow:
         if not self._running:
             return
         self._stopping = True
-        in_flight = dict(self._in_flight)  # op key -> (node, reservation)
+        in_flight = {n.operation_key: (n.id, n.reserved) for n in p.in_flight() if n.operation_key}
         for handle in list(self._activities.values()):
             handle.cancel()
         await workflow.wait_condition(lambda: not self._running)
@@ -332,7 +332,6 @@ class TaskWorkflow:
 
     def _start(self, op_key: str, node: str, activity: str, arg: BaseModel, reserved: Decimal) -> None:
         self._started.add(op_key)
-        self._in_flight[op_key] = (node, reserved)
         self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg, reserved))
 
     async def _execute(
@@ -370,7 +369,6 @@ class TaskWorkflow:
         finally:
             self._activities.pop(op_key, None)
             self._running.pop(op_key, None)
-            self._in_flight.pop(op_key, None)
             self._woken = True
 
     async def _gave_up(
@@ -413,7 +411,7 @@ class TaskWorkflow:
                 # The timer only marks the timeout; the rules apply the policy. The same resolution key as
                 # a human decision, so exactly one resolution of a request can exist.
                 marker = SystemMarker(kind=MarkerKind.TIMEOUT, request_id=rid, node=r.request.node)
-                await self._mark(p, to_new(marker, dedup_key=f"{p.task_id}:resolution:{rid}"))
+                await self._mark(p, to_new(marker, dedup_key=resolution_key(p.task_id, rid)))
                 caught_up = True  # the mark returned everything after the watermark
         if not caught_up:
             new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))

@@ -32,7 +32,7 @@ async def test_tally_counts_every_review_verdict_and_checks_the_ledger_against_t
     results = [await lf.run(fine), await lf.run(reworked)]
     assert [r.state for r in results] == ["Completed", "Completed"]
 
-    report = tally(lf.settings, [fine.task_id, reworked.task_id], sim.url)
+    report = tally(lf.recorder, [fine.task_id, reworked.task_id], sim.url)
 
     assert report.review_verdicts == {"Pass": 2, "QualityRework": 1}
     assert report.last_verdicts == {"Pass": 2}

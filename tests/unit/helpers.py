@@ -227,7 +227,8 @@ class History:
         view = self.view.nodes[node]
         version = view.gate_pending if input_version is None else input_version
         assert version is not None, f"no gate pending on {node}"
-        key = view.gate_op or self.op(node)  # one gate per stage: any node of it names the gate's key
+        key = view.gate_op  # one gate per stage: any node of it names the gate's key
+        assert key is not None, f"no gate operation recorded for {node}"
         event = ExecutionResult(
             kind="gate",
             node=node,

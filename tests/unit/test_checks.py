@@ -65,7 +65,7 @@ def test_phase1_is_exactly_the_whitelisted_checks_compliance_first() -> None:
     assert kinds == sorted(kinds, key=[Kind.COMPLIANCE, Kind.TECHNICAL].index)
 
 
-def test_every_check_name_is_the_prefix_of_its_kind() -> None:
+def test_technical_checks_are_named_technical_and_every_other_check_is_compliance() -> None:
     for c in (*PHASE1, *GATE):
         assert c.name.split(".")[0] in {"compliance", "technical", "gate"}
         assert c.kind == (Kind.TECHNICAL if c.name.startswith("technical.") else Kind.COMPLIANCE)

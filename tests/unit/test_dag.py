@@ -146,8 +146,6 @@ def test_rollback_restarts_from_the_most_upstream_flagged_nodes_and_redoes_only_
         assert not any(t in below[f] for f in flagged), f"{t} is most upstream: no flagged node above it"
     assert invalid == set(targets).union(*(below[t] for t in targets)), "the lineage, all of it, nothing else"
     assert [graph.nodes[t].order for t in targets] == sorted(graph.nodes[t].order for t in targets)
-    for t in targets:  # one round: no restart point is invalidated by another's lineage
-        assert not any(t in below[u] for u in targets if u != t)
 
 
 @settings(max_examples=100, deadline=None)

@@ -719,7 +719,7 @@ def test_r11_dispatch_has_a_stable_operation_key_per_business_attempt() -> None:
     assert isinstance(again, Dispatch) and again.operation_key == "t1:a:a2"
 
 
-def test_r11_gates_a_gated_node_once_per_input_version() -> None:
+def test_r11_gates_a_gated_stage_once_per_input_version() -> None:
     h = gated_plan()
     h.dispatch("a").outcome("a")
     a_version = h.fold().nodes["a"].artifact_seq

@@ -13,7 +13,6 @@ paths, as an earlier run would have, and the workflow takes the task over from t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from decimal import Decimal
@@ -182,22 +181,13 @@ async def chat_calls(sim) -> int:
     return (await sim.http.get("/chat/stats")).json()["calls"]
 
 
-async def wait_state(handle, states, timeout=30.0):
-    async def poll():
-        while (status := await handle.query("status"))["state"] not in states:
-            await asyncio.sleep(0.1)
-        return status
-
-    return await asyncio.wait_for(poll(), timeout)
-
-
 async def test_an_llm_outage_suspends_the_task_for_a_person_instead_of_failing_the_workflow(lf, sim, sim_key):
     await sim.configure(chat_error_status=500)
     plan = lf.plan(SEEDED)
     seed_open_question(lf.recorder, plan)
     before = await chat_calls(sim)
     handle = await lf.start(plan)
-    status = await wait_state(handle, {"WaitingHuman"})
+    status = await lf.wait_state(handle, {"WaitingHuman"})
     [request] = status["open_requests"]
     assert request["kind"] == "invalid_decision" and request["options"] == ["resume", "abort"]
     assert "the model could not be asked" in request["reason"] and "500" in request["reason"]
@@ -216,7 +206,7 @@ async def test_the_recorded_decision_carries_the_action_the_loop_takes(lf, sim):
     plan = lf.plan(SEEDED)
     seed_open_question(lf.recorder, plan)
     handle = await lf.start(plan)
-    status = await wait_state(handle, {"Escalated"})
+    status = await lf.wait_state(handle, {"Escalated"})
     assert status["escalation_reason"] == "model escalated: the review said nothing"
     events = lf.recorder.read_events(plan.task_id)
     decision = recorded_decision(lf.recorder, plan.task_id)

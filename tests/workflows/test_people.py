@@ -273,11 +273,8 @@ async def test_a_decision_racing_the_timeout_and_another_person_50_times_resolve
                 assert told.status == "already resolved", told
         return winner.type if not isinstance(winner, HumanDecision) else winner.decision.value
 
-    with ThreadPoolExecutor(max_workers=10) as pool:
-        winners = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: list(pool.map(race, range(50)))
-        )
-    assert len(winners) == 50
+    with ThreadPoolExecutor(max_workers=10) as pool:  # each round asserts its own single winner
+        await asyncio.get_running_loop().run_in_executor(None, lambda: list(pool.map(race, range(50))))
 
 
 def test_raise_ceiling_applies_only_with_the_insert_and_only_to_the_tasks_own_scope(lf):

@@ -55,15 +55,6 @@ def dispatches(lf, task_id):
     ]
 
 
-async def wait_state(handle, states, timeout=30.0):
-    async def poll():
-        while (status := await handle.query("status"))["state"] not in states:
-            await asyncio.sleep(0.1)
-        return status
-
-    return await asyncio.wait_for(poll(), timeout)
-
-
 async def test_soft_warning_completes_with_its_verdict(lf, sim):
     await sim.configure(chat_default=json.dumps({"scores": {"clarity": 0.7}, "blame": {}, "reasons": []}))
     result = await lf.run(lf.plan(PIPELINE.format(limit=2)))
@@ -135,7 +126,7 @@ async def test_rework_limit_escalates_instead_of_a_second_round(lf, sim):
     await sim.configure(chat_default=REWORK_S02)  # never satisfied
     plan = lf.plan(PIPELINE.format(limit=1))
     handle = await lf.start(plan)
-    status = await wait_state(handle, {"Escalated"})
+    status = await lf.wait_state(handle, {"Escalated"})
     assert "rework limit of 1" in status["escalation_reason"]
     assert fold(lf.recorder.read_events(plan.task_id)).rework_rounds == 1
     await handle.terminate("test over")
@@ -193,7 +184,7 @@ async def test_a_failed_canary_stops_the_fan_out(lf, sim):
     await sim.configure(executors={"image.keyframe": {"reject_content": 1.0}})
     plan = lf.plan(PIPELINE.format(limit=2).replace(", canary: false", ""))
     handle = await lf.start(plan)
-    status = await wait_state(handle, {"WaitingHuman"})
+    status = await lf.wait_state(handle, {"WaitingHuman"})
     assert [r["id"] for r in status["open_requests"]] == ["dead_letter:shots/S01:a1"]
     assert [d.node for d in dispatches(lf, plan.task_id)] == ["script", "shots/S01"]  # S02, S03 never sent
     await handle.terminate("test over")
