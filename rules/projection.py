@@ -100,10 +100,7 @@ class NodeView:
     artifact_seq: int = 0  # seq of the Outcome that registered the current artifact version
     versions: int = 0
     approved: bool = False
-    gate_pending: int | None = None  # input version whose static gate is in progress
-    gate_op: str | None = None
     dispatch: Dispatch | None = None  # the current attempt's recorded action (what was, or will be, sent)
-    gates: dict[int, bool] = field(default_factory=dict)  # input version -> passed (set for the whole stage)
     # The findings of the review whose rework round invalidated this node: every attempt of the node in that
     # round carries them (a retry after a technical failure too), until a later round replaces them.
     rework_findings: tuple[str, ...] = ()
@@ -167,6 +164,9 @@ class Projection:
     llm_decisions: int = 0
     cost_anomalies: int = 0
     failed_gate: str | None = None
+    # Static gates are a stage's (one per stage and input version): the verdicts, and the gate in progress.
+    gates: dict[tuple[str, int], bool] = field(default_factory=dict)  # (stage, input version) -> passed
+    gate_pending: dict[str, StaticGate] = field(default_factory=dict)  # stage -> its recorded gate action
 
     @property
     def state(self) -> TaskState:
@@ -266,9 +266,10 @@ def apply(p: Projection, stored: StoredEvent) -> None:
             if node is None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
-            if event.operation_key == node.gate_op:
-                for peer in _stage_of(p, node.id):
-                    peer.gate_pending = None  # the gate itself broke (not a verdict): the rules re-issue it
+            stage = p.graph.nodes[node.id].stage.id
+            gate = p.gate_pending.get(stage)
+            if gate is not None and event.operation_key == gate.operation_key:
+                del p.gate_pending[stage]  # the gate itself broke (not a verdict): the rules re-issue it
             elif event.operation_key == node.operation_key and node.status != NodeStatus.STALE:
                 node.status = NodeStatus.FAILED
                 node.failures.append(FailureInfo(node.attempts, event.kind, event.error, stored.recorded_at))
@@ -325,9 +326,7 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
             p.reservations[d.operation_key] = e.reservation
             p.reserved += e.reservation
         case StaticGate() as g:
-            for n in _stage_of(p, g.node):  # one gate per stage and input version: it covers every node
-                n.gate_pending = g.input_version
-                n.gate_op = g.operation_key
+            p.gate_pending[p.graph.nodes[g.node].stage.id] = g
         case SuspendForHuman() as s:
             _open_request(p, s.request, stored.seq)
         case Escalate() as esc:
@@ -342,11 +341,6 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
             assert_never(e.action)
 
 
-def _stage_of(p: Projection, node: str) -> list[NodeView]:
-    """Every node of ``node``'s stage (itself alone for a stage without fan-out)."""
-    return [p.nodes[n] for n in p.graph.stage_nodes[p.graph.nodes[node].stage.id]]
-
-
 def _open_request(p: Projection, request: HumanRequest, seq: int) -> None:
     p.requests[request.id] = RequestView(request=request, opened_seq=seq)
     if request.kind == RequestKind.DEAD_LETTER and request.node in p.nodes:
@@ -358,9 +352,9 @@ def _apply_result(p: Projection, e: ExecutionResult, stored: StoredEvent) -> Non
     if node is None:
         return
     if e.kind == "gate":
-        for n in _stage_of(p, e.node):
-            n.gates[e.input_version] = e.passed
-            n.gate_pending = None
+        stage = p.graph.nodes[e.node].stage.id
+        p.gates[(stage, e.input_version)] = e.passed
+        p.gate_pending.pop(stage, None)
         if not e.passed:
             p.failed_gate = f"{e.node}: {'; '.join(e.findings) or 'compliance gate failed'}"
         _spend(p, None, e.actual_cost)

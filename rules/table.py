@@ -290,7 +290,7 @@ def ready_nodes(p: Projection) -> list[NodeView]:
         if (
             n.status not in (NodeStatus.PENDING, NodeStatus.STALE)
             or n.in_flight
-            or n.gate_pending is not None
+            or p.graph.nodes[n.id].stage.id in p.gate_pending
         ):
             continue
         spec = p.graph.nodes[n.id]
@@ -336,9 +336,9 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
     """Start a ready node: its static gate first if due, else admission, then Dispatch or Escalate."""
     if _needs_gate(p, n):
         version = _input_version(p, n.id)
-        if version not in n.gates:
+        stage = p.graph.nodes[n.id].stage.id
+        if (stage, version) not in p.gates:
             # One gate per stage and input version: the fan-out's nodes share their request and inputs.
-            stage = p.graph.nodes[n.id].stage.id
             return StaticGate(
                 node=n.id, input_version=version, operation_key=f"{p.task_id}:{stage}:gate{version}"
             )
@@ -427,7 +427,7 @@ def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
             return rule.id, rule.then(p, now)
     pending = (
         p.in_flight()
-        or any(n.gate_pending is not None for n in p.nodes.values())
+        or bool(p.gate_pending)
         or any(
             n.status == NodeStatus.FAILED and n.retry_at is not None and n.retry_at > now
             for n in p.nodes.values()

@@ -299,9 +299,9 @@ class TaskWorkflow:
                 continue
             assert n.dispatch is not None  # an operation in flight always has its recorded Dispatch
             self._act(p, n.dispatch)
-        for n in p.nodes.values():
-            if n.gate_pending is not None and n.gate_op is not None and n.gate_op not in self._started:
-                self._act(p, StaticGate(node=n.id, input_version=n.gate_pending, operation_key=n.gate_op))
+        for gate in p.gate_pending.values():
+            if gate.operation_key not in self._started:
+                self._act(p, gate)
 
     # ── acting ───────────────────────────────────────────────────────────────────────────────────────
     def _act(self, p: Projection, action: Action) -> None:

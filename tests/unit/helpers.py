@@ -223,12 +223,14 @@ class History:
         return self.append(event, dedup_key=f"{self.task_id}:resolution:{request_id}")
 
     def gate(self, node: str, passed: bool = True, input_version: int | None = None) -> History:
-        """The static gate's result for the gate INTENT most recently recorded for ``node``."""
-        view = self.view.nodes[node]
-        version = view.gate_pending if input_version is None else input_version
-        assert version is not None, f"no gate pending on {node}"
-        key = view.gate_op  # one gate per stage: any node of it names the gate's key
-        assert key is not None, f"no gate operation recorded for {node}"
+        """The static gate's result for the gate in progress on ``node``'s stage (one gate per stage)."""
+        stage = self.view.graph.nodes[node].stage.id
+        pending = self.view.gate_pending.get(stage)
+        if input_version is None:
+            assert pending is not None, f"no gate pending on {node}'s stage"
+            input_version = pending.input_version
+        version = input_version
+        key = f"{self.task_id}:{stage}:gate{version}"  # the rules' key for a stage's gate on this version
         event = ExecutionResult(
             kind="gate",
             node=node,

@@ -242,7 +242,8 @@ def random_history(data: st.DataObject, steps: int) -> History:
                     h.marker(MarkerKind.TIMEOUT, request_id=request.id)
             _check_money(h)
             continue
-        pending = [n for n in p.nodes.values() if n.in_flight or n.gate_pending is not None]
+        gated = {g.node for g in p.gate_pending.values()}
+        pending = [n for n in p.nodes.values() if n.in_flight or n.id in gated]
         if not pending:
             # Nothing will report: sleep until the Wait's deadline and, like the workflow's timer, mark
             # every request whose deadline has passed.
@@ -252,7 +253,7 @@ def random_history(data: st.DataObject, steps: int) -> History:
                     h.marker(MarkerKind.TIMEOUT, request_id=rid)
             continue
         node = data.draw(st.sampled_from(pending))
-        if node.gate_pending is not None:
+        if node.id in gated:
             h.gate(node.id, passed=data.draw(st.integers(0, 9)) > 0)
         elif node.id == REVIEW:
             h.review(
@@ -460,6 +461,6 @@ def test_complete_intent_needs_no_other_event() -> None:
 def test_static_gate_intent_marks_the_gate_pending_until_its_result() -> None:
     h = History(make_plan(stage("a", gate=True)))
     h.intent(StaticGate(node="a", input_version=0, operation_key="t1:a:gate0"))
-    assert h.fold().nodes["a"].gate_pending == 0
+    assert h.fold().gate_pending["a"].input_version == 0
     h.gate("a")
-    assert h.fold().nodes["a"].gates == {0: True} and h.fold().nodes["a"].gate_pending is None
+    assert h.fold().gates == {("a", 0): True} and h.fold().gate_pending == {}
