@@ -18,16 +18,15 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.artifacts import LocalArtifactStore
 from activities.ledger import LedgerActivities
 from activities.llm import ChatClient, LlmActivities
 from activities.people import PeopleActivities
 from activities.review import ReviewActivities
 from activities.stages import StageActivities
+from artifacts import ArtifactStore, open_store, store_for_uri
 from ledger.recorder import Recorder
 from ledgerflow.config import Settings, get_settings
-from reconcile.operations import VendorMode
-from vendors.http import HttpJobVendor
+from vendors.registry import Adapters
 from workflows.task import TaskWorkflow
 
 log = logging.getLogger("ledgerflow.worker")
@@ -41,10 +40,20 @@ async def build_worker(
     recorder.create_schema()
     stack.callback(recorder.dispose)
     http = await stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
-    vendor = HttpJobVendor(
-        settings.resolved_vendor_url(), settings.vendor_api_key.get_secret_value(), client=http
+    store = open_store(settings.store_location())
+    stores = [store]
+
+    def store_for(uri: str) -> ArtifactStore:
+        return store_for_uri(uri, stores)
+
+    adapters = Adapters(
+        settings.route_table(),
+        vendor_url=settings.vendor_url or str(settings.stack().get("vendor_url") or "") or None,
+        credential=settings.credential,
+        client=http,
+        store_for=store_for,
     )
-    store = LocalArtifactStore(settings.artifact_dir)
+    stack.push_async_callback(adapters.aclose)
     chat = ChatClient(
         http,
         settings.resolved_llm_url(),
@@ -55,9 +64,14 @@ async def build_worker(
     ledger = LedgerActivities(recorder)
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
     stages = StageActivities(
-        recorder, vendor, store, settings.poll_interval_seconds, VendorMode(settings.vendor_mode)
+        recorder,
+        adapters,
+        store,
+        settings.poll_interval_seconds,
+        store_for=store_for,
+        pause_retry_s=settings.route_pause_retry_seconds,
     )
-    review = ReviewActivities(recorder, store, chat)
+    review = ReviewActivities(recorder, store, chat, adapters=adapters, store_for=store_for)
     llm = LlmActivities(recorder, chat)
     executor = ThreadPoolExecutor(max_workers=64)
     stack.callback(executor.shutdown, wait=False)
@@ -71,6 +85,8 @@ async def build_worker(
             ledger.mark,
             ledger.read,
             stages.run,
+            stages.close,
+            stages.sweep,
             review.compose,
             review.review,
             review.gate,

@@ -18,6 +18,7 @@ from ledger.recorder import Recorder
 from ledgerflow.faults import mark
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import TaskCreated, to_new
+from rules.keys import created_key
 from rules.plan import Plan, budget_scopes
 
 # Errors a retry can never fix: the workflow's local-activity retry policy lists these as non-retryable.
@@ -71,7 +72,7 @@ class LedgerActivities:
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id)
         if not events:
-            created = to_new(TaskCreated(plan=inp.plan), dedup_key=f"{inp.task_id}:created")
+            created = to_new(TaskCreated(plan=inp.plan), dedup_key=created_key(inp.task_id))
             try:
                 self.recorder.append_fenced(inp.task_id, epoch, [created])
             except StaleEpoch as e:

@@ -7,6 +7,7 @@ heartbeat or an error message. Every call's token usage is priced and lands in t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import json
@@ -18,11 +19,15 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.boundary import to_application_error
 from activities.models import LlmDecideInput
+from activities.operation import heartbeating
+from ledger.errors import StaleEpoch
 from ledger.recorder import Recorder
 from rules.actions import Action
 from rules.envelope import StoredEvent
 from rules.events import Decision, to_new
+from rules.keys import decision_key
 from rules.llm import Proposal, check_llm_action, parse_proposal
 from rules.projection import apply, fold
 
@@ -111,6 +116,16 @@ DECIDE_SYSTEM = (
 )
 
 
+def _cached(details: Any) -> ChatReply | None:
+    """The answer a previous attempt already paid for (it rode in the heartbeat details), if any."""
+    if not isinstance(details, dict):
+        return None
+    try:
+        return ChatReply(**{**details, "cost": Decimal(str(details["cost"]))})
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        return None
+
+
 class LlmActivities:
     def __init__(self, recorder: Recorder, chat: ChatClient):
         self.recorder = recorder
@@ -124,13 +139,21 @@ class LlmActivities:
         ``check_llm_action`` on the same fold and time), so the record says what the model's answer was worth;
         the workflow recomputes it and acts on its own result.
         """
-        dedup = f"{inp.task_id}:decision:{inp.watermark}"
+        dedup = decision_key(inp.task_id, inp.watermark)
         existing = await asyncio.to_thread(self.recorder.find_by_dedup_key, dedup)
         if existing is not None:  # a retry after the decision was recorded: never pay for it twice
             return existing.payload.get("proposal")
-        reply = await self.chat.complete(
-            DECIDE_SYSTEM % inp.allowed, json.dumps({"task": inp.summary}, sort_keys=True, default=str)
-        )
+        async with heartbeating() as beat:
+            reply = _cached(beat.details)
+            if reply is None:
+                if inp.epoch is not None:
+                    # The fence before a paid call: a zombie of a fenced-off run never pays for a decision.
+                    current = await asyncio.to_thread(self.recorder.current_epoch, inp.task_id)
+                    if current != inp.epoch:
+                        raise to_application_error(StaleEpoch(inp.task_id, inp.epoch, current or 0))
+                question = json.dumps({"task": inp.summary}, sort_keys=True, default=str)
+                reply = await self.chat.complete(DECIDE_SYSTEM % inp.allowed, question)
+                beat.beat(dataclasses.asdict(reply) | {"cost": str(reply.cost)})  # a retry reuses the answer
         raw, problem = parse_json_object(reply.content)
         proposal, problem = parse_proposal(raw) if raw is not None else (None, problem)
         decision = Decision(

@@ -24,6 +24,26 @@ class StageInput(BaseModel):
     input: dict[str, Any] = {}
     stall_after: float = 600.0  # seconds without progress before the watchdog cancels the job
     output: OutputSpec | None = None  # the stage's output bounds: the node check an artifact must pass
+    input_hash: str | None = None  # the request's input hash (recorded with the Outcome)
+    # An earlier output of this node made from an equal request (rules.table): registered again, nothing sent.
+    reuse: dict[str, Any] | None = None
+    # The plan opted in to reuse across its project: the executor may look for an earlier task's output.
+    reuse_project: str | None = None
+
+
+class CloseInput(BaseModel):
+    """An operation to resolve now (its task ended, or its executor gave up without a result)."""
+
+    task_id: str
+    node: str
+    operation_key: str
+    executor: str
+    estimate: Decimal
+    epoch: int = 0  # closing never calls a vendor to create anything: it is not fenced
+
+
+class SweepInput(BaseModel):
+    task_id: str
 
 
 class GateInput(BaseModel):
@@ -31,6 +51,7 @@ class GateInput(BaseModel):
     node: str
     operation_key: str
     input_version: int
+    epoch: int = 0
 
 
 class RecordDecisionInput(BaseModel):
@@ -50,3 +71,4 @@ class LlmDecideInput(BaseModel):
     allowed: list[str]
     # Optional for inputs scheduled before it existed: without it, only the output's shape is recorded.
     decided_at: datetime | None = None
+    epoch: int | None = None  # the run's fencing epoch: the paid call is made only while it is current

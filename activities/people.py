@@ -20,7 +20,8 @@ from ledger.recorder import Recorder
 from ledgerflow.config import ConfigError, Settings
 from rules.envelope import StoredEvent
 from rules.events import to_new
-from rules.people import Ruling, conflict, evaluate, resolution_key, resolutions
+from rules.keys import resolution_key
+from rules.people import Ruling, conflict, evaluate, resolutions
 from rules.projection import fold
 
 

@@ -1,8 +1,12 @@
 """The framework's own stages: compose, the two-phase review, and the static compliance gate.
 
-Each reads the ledger (folding it with the same pure ``rules`` code the workflow uses), gathers the facts its
-checks need (each registered artifact hashed on disk, in parallel: the only I/O), lets the pure checks of
-``rules.checks`` judge them, and writes exactly one result through the idempotent path.
+Each runs inside the Operation lifecycle (``activities/operation.py``): it reads the ledger (folding it with
+the same pure ``rules`` code the workflow uses), gathers the facts its checks need (each registered artifact
+re-hashed from the store, in parallel: the only I/O), lets the pure checks of ``rules.checks`` judge them, and
+writes exactly one result. Compose really assembles the episode when the plan says what to assemble
+(``compose: {video: […], audio: …}``): the shots and the audio go through the local adapter's
+``media.assemble`` into one MP4; otherwise it records a manifest of every output. The review's model call is
+paid: a ``submitting`` marker is written (fenced) before it, like before any paid call.
 
 Each heartbeats for as long as it runs (``_heartbeating``): the workflow schedules them with a heartbeat
 timeout so a dead worker's attempt is retried within seconds, and a model call may well take longer than
@@ -13,25 +17,27 @@ model answered (its worker died before the verdict was recorded) reuses the answ
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import hashlib
 import json
-from collections.abc import AsyncIterator, Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from temporalio import activity
 
-from activities.artifacts import LocalArtifactStore
+from activities.boundary import to_application_error
 from activities.llm import ChatClient, ChatReply
 from activities.models import GateInput, StageInput
+from activities.operation import Heartbeat, Operation, heartbeating
+from artifacts.store import ArtifactError, ArtifactStore, sha256_of
 from ledger.recorder import Recorder
+from media import MediaInvalid, probe
+from reconcile.operations import OperationState
 from rules import checks
 from rules.envelope import StoredEvent
-from rules.events import ArtifactRef, ExecutionResult, Outcome, Verdict, to_new
+from rules.events import ArtifactRef, ExecutionResult, FailureKind, Media, Outcome, Verdict
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import Projection, fold
 from rules.verdicts import (
@@ -42,8 +48,10 @@ from rules.verdicts import (
     parse_judgement,
     score_results,
 )
+from vendors.registry import Adapters
 
 CONTENT_REVIEWER = "content.llm"  # the plan's review.reviewers entry that enables phase 2
+CHAT_TIMEOUT_S = 120.0  # the model call's client timeout, recorded with its write-ahead marker
 REVIEW_SYSTEM = (
     "You review a finished production against its goal. `parts` gives each part's version, `artifacts` "
     "each part's registered artifact (uri, sha256, media metadata), `checks` the automatic checks' "
@@ -52,58 +60,26 @@ REVIEW_SYSTEM = (
 )
 
 
-class _Heartbeat:
-    """What this attempt heartbeats; a retry reads it back (``activity.info().heartbeat_details``)."""
-
-    def __init__(self) -> None:
-        previous = activity.info().heartbeat_details
-        self.details: Any = previous[0] if previous else None
-
-
-@contextlib.asynccontextmanager
-async def _heartbeating() -> AsyncIterator[_Heartbeat]:
-    """Heartbeat every third of the heartbeat timeout while the body runs.
-
-    A heartbeat only says the worker is alive, which it is while it waits on the model; a dead worker still
-    misses its heartbeats and its attempt is retried within the timeout, and a cancellation (the task ended)
-    is delivered. The details sent are the latest ``beat.details`` (the previous attempt's until replaced).
-    """
-    beat = _Heartbeat()
-    timeout = activity.info().heartbeat_timeout
-    if not timeout:
-        yield beat
-        return
-
-    interval = max(0.05, timeout.total_seconds() / 3)
-
-    async def loop() -> None:
-        while True:
-            activity.heartbeat(*(() if beat.details is None else (beat.details,)))
-            await asyncio.sleep(interval)
-
-    task = asyncio.create_task(loop())
+def _stored_sha256(store_for: Callable[[str], ArtifactStore], uri: str) -> str | None:
+    """What the stored artifact at ``uri`` hashes to now (streamed), or None if it is gone."""
     try:
-        yield beat
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-def _file_sha256(uri: str) -> str | None:
-    """What the artifact file at ``uri`` hashes to now, or None if it is gone."""
-    path = Path(urlparse(uri).path)
-    try:
-        with path.open("rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return sha256_of(store_for(uri).open_read(uri))[0]
+    except ArtifactError:
         return None
 
 
-async def _facts(p: Projection, nodes: Sequence[str], *, gated: str | None = None) -> checks.Facts:
+async def _facts(
+    p: Projection,
+    nodes: Sequence[str],
+    store_for: Callable[[str], ArtifactStore],
+    *,
+    gated: str | None = None,
+) -> checks.Facts:
     """The facts phase 1 judges: the projection's, plus every registered artifact hashed, in parallel."""
     refs = {n: ref for n in nodes if n != gated and (ref := checks.registered_artifact(p, n)) is not None}
-    hashes = await asyncio.gather(*(asyncio.to_thread(_file_sha256, ref.uri) for ref in refs.values()))
+    hashes = await asyncio.gather(
+        *(asyncio.to_thread(_stored_sha256, store_for, ref.uri) for ref in refs.values())
+    )
     found = {n: (ref, sha) for (n, ref), sha in zip(refs.items(), hashes, strict=True)}
     return checks.facts_for(p, nodes, found, gated=gated)
 
@@ -156,71 +132,106 @@ def _question_id(system: str, user: str) -> str:
 
 
 class ReviewActivities:
-    def __init__(self, recorder: Recorder, store: LocalArtifactStore, chat: ChatClient):
+    def __init__(
+        self,
+        recorder: Recorder,
+        store: ArtifactStore,
+        chat: ChatClient,
+        *,
+        adapters: Adapters | None = None,
+        store_for: Callable[[str], ArtifactStore] | None = None,
+    ):
         self.recorder = recorder
         self.store = store
         self.chat = chat
+        self.adapters = adapters
+        self.store_for = store_for or (lambda uri: store)
 
-    async def _record(
-        self, task_id: str, key: str, event: Outcome | ExecutionResult, *, release: Decimal = Decimal(0)
-    ) -> StoredEvent:
-        """Write the one result of this operation, settling its reservation at the actual cost."""
-        new = to_new(event, dedup_key=f"{key}:result", operation_key=key)
-        append = functools.partial(
-            self.recorder.append_idempotent, task_id, new, release=release, spend=event.actual_cost
+    def _operation(self, inp: StageInput | GateInput, estimate: Decimal) -> Operation:
+        return Operation(
+            self.recorder,
+            task_id=inp.task_id,
+            node=inp.node,
+            key=inp.operation_key,
+            epoch=inp.epoch,
+            estimate=estimate,
         )
-        stored, _inserted = await asyncio.to_thread(append)
-        return stored
 
     async def _projection(self, task_id: str) -> Projection:
         return fold(await asyncio.to_thread(self.recorder.read_events, task_id))
 
     @activity.defn(name="compose.run")
     async def compose(self, inp: StageInput) -> StoredEvent:
-        """Assemble the business outputs into one manifest artifact (versioned by its content)."""
-        async with _heartbeating():
-            return await self._compose(inp)
+        """Assemble the business outputs: the episode itself where the plan says how, else a manifest."""
+        op = self._operation(inp, inp.estimate)
+        try:
+            async with heartbeating():
+                state = await op.open()
+                if state.result is not None:
+                    return state.result
+                return await self._compose(op, inp)
+        except Exception as e:
+            raise to_application_error(e) from e
 
-    async def _compose(self, inp: StageInput) -> StoredEvent:
+    async def _compose(self, op: Operation, inp: StageInput) -> StoredEvent:
         p = await self._projection(inp.task_id)
-        manifest = {
-            n: {"sha256": v.artifact["sha256"], "version": v.versions}
-            for n, v in p.nodes.items()
-            if v.artifact and n not in (COMPOSE, REVIEW)
-        }
-        data = json.dumps(
-            {"task": inp.task_id, "goal": p.plan.goal, "parts": manifest}, sort_keys=True
-        ).encode()
-        digest = hashlib.sha256(data).hexdigest()
-        uri = await asyncio.to_thread(self.store.put, data, digest)
+        inputs = inp.input.get("inputs") or {}
+        if p.plan.compose is not None and self.adapters is not None and inputs.get("shots"):
+            request = {"shots": inputs["shots"], "audio": inputs.get("audio")}
+            job = await self.adapters.get("media.assemble").submit(
+                operation_key=op.key, executor="media.assemble", request=request, estimate=Decimal(0)
+            )
+            if job.status != "succeeded" or job.inline is None:
+                error = job.error.message if job.error is not None else "assembly produced nothing"
+                return await op.failure(FailureKind.TECHNICAL, error, Decimal(0))
+            data = job.inline
+            media = await asyncio.to_thread(_probe_bytes, data)
+        else:
+            manifest = {
+                n: {"sha256": v.artifact["sha256"], "version": v.versions}
+                for n, v in p.nodes.items()
+                if v.artifact and n not in (COMPOSE, REVIEW)
+            }
+            data = json.dumps(
+                {"task": inp.task_id, "goal": p.plan.goal, "parts": manifest}, sort_keys=True
+            ).encode()
+            media = None
+        stored = await asyncio.to_thread(self.store.put_bytes, data, None, operation_key=op.key)
+        artifact = ArtifactRef(uri=stored.uri, sha256=stored.sha256, size=stored.size, media=media)
         event = Outcome(
             node=inp.node,
-            operation_key=inp.operation_key,
-            artifact=ArtifactRef(uri=uri, sha256=digest, size=len(data)),
-            actual_cost=0,
+            operation_key=op.key,
+            artifact=artifact,
+            actual_cost=Decimal(0),
+            input_hash=inp.input_hash,
         )
-        return await self._record(inp.task_id, inp.operation_key, event, release=inp.estimate)
+        return await op.resolve(event, spend=Decimal(0))
 
     @activity.defn(name="review.run")
     async def review(self, inp: StageInput) -> StoredEvent:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
-        async with _heartbeating() as beat:
-            return await self._review(inp, beat)
+        op = self._operation(inp, inp.estimate)
+        try:
+            async with heartbeating() as beat:
+                state = await op.open()
+                if state.result is not None:
+                    return state.result  # a retry after the verdict was recorded: never pay for it twice
+                return await self._review(op, state, inp, beat)
+        except Exception as e:
+            raise to_application_error(e) from e
 
-    async def _review(self, inp: StageInput, beat: _Heartbeat) -> StoredEvent:
-        key = inp.operation_key
-        existing = await asyncio.to_thread(self.recorder.find_by_dedup_key, f"{key}:result")
-        if existing is not None:
-            return existing  # a retry after the verdict was recorded: never pay for the judgement twice
+    async def _review(
+        self, op: Operation, state: OperationState, inp: StageInput, beat: Heartbeat
+    ) -> StoredEvent:
         p = await self._projection(inp.task_id)
         business = _business(p)
-        results = checks.phase1(await _facts(p, business))
+        results = checks.phase1(await _facts(p, business, self.store_for))
         scores: dict[str, float] = {}
         cost = Decimal(0)
         judged = CONTENT_REVIEWER in p.plan.review.reviewers  # phase 1 always runs; phase 2 if listed
         if judged and not any(r.severity == Severity.BLOCK for r in results):
             soft = [r for r in results if r.severity == Severity.SOFT]
-            reply = await self._judge(review_prompt(p, business, soft), beat)
+            reply = await self._judge(op, state, review_prompt(p, business, soft), beat)
             cost = reply.cost
             judgement, problem = parse_judgement(reply.content)
             if judgement is None:
@@ -232,7 +243,7 @@ class ReviewActivities:
         event = ExecutionResult(
             kind="review",
             node=inp.node,
-            operation_key=key,
+            operation_key=op.key,
             passed=verdict in (Verdict.PASS, Verdict.SOFT_WARNING),
             verdict=verdict,
             flagged=flagged,
@@ -240,46 +251,76 @@ class ReviewActivities:
             scores=scores,
             actual_cost=cost,
         )
-        return await self._record(inp.task_id, key, event, release=inp.estimate)
+        return await op.resolve(event, spend=cost)
 
-    async def _judge(self, question: str, beat: _Heartbeat) -> ChatReply:
+    async def _judge(self, op: Operation, state: OperationState, question: str, beat: Heartbeat) -> ChatReply:
         """The model's judgement of ``question``: the one a previous attempt already paid for, if any (it
-        rode in the heartbeat details), else a new call, whose answer is heartbeated at once for a retry."""
+        rode in the heartbeat details), else a new call — fenced and written ahead like every paid call —
+        whose answer is heartbeated at once for a retry."""
         qid = _question_id(REVIEW_SYSTEM, question)
         cached = _cached_reply(beat.details, qid)
         if cached is not None:
             return cached
+        await op.sending(state, CHAT_TIMEOUT_S)
         reply = await self.chat.complete(
             REVIEW_SYSTEM, question, schema=judgement_schema(), schema_name="judgement"
         )
-        beat.details = {
-            "question": qid,
-            "content": reply.content,
-            "tokens_in": reply.tokens_in,
-            "tokens_out": reply.tokens_out,
-            "cost": str(reply.cost),
-            "prompt_hash": reply.prompt_hash,
-            "model": reply.model,
-        }
-        activity.heartbeat(beat.details)
+        beat.beat(
+            {
+                "question": qid,
+                "content": reply.content,
+                "tokens_in": reply.tokens_in,
+                "tokens_out": reply.tokens_out,
+                "cost": str(reply.cost),
+                "prompt_hash": reply.prompt_hash,
+                "model": reply.model,
+            }
+        )
         return reply
 
     @activity.defn(name="gate.run")
     async def gate(self, inp: GateInput) -> StoredEvent:
         """The static compliance gate of a high-cost node, anchored to its input version."""
-        async with _heartbeating():
-            return await self._gate(inp)
+        op = self._operation(inp, Decimal(0))
+        try:
+            async with heartbeating():
+                state = await op.open()
+                if state.result is not None:
+                    return state.result
+                return await self._gate(op, inp)
+        except Exception as e:
+            raise to_application_error(e) from e
 
-    async def _gate(self, inp: GateInput) -> StoredEvent:
+    async def _gate(self, op: Operation, inp: GateInput) -> StoredEvent:
         p = await self._projection(inp.task_id)
         nodes = [inp.node, *p.graph.nodes[inp.node].deps]
-        results = checks.gate(await _facts(p, nodes, gated=inp.node))
+        results = checks.gate(await _facts(p, nodes, self.store_for, gated=inp.node))
         event = ExecutionResult(
             kind="gate",
             node=inp.node,
-            operation_key=inp.operation_key,
+            operation_key=op.key,
             passed=not results,
             input_version=inp.input_version,
             findings=tuple(f"{r.check}: {r.message}" for r in results),
         )
-        return await self._record(inp.task_id, inp.operation_key, event)
+        return await op.resolve(event, spend=Decimal(0))
+
+
+def _probe_bytes(data: bytes) -> Media | None:
+    """What an assembled file is, probed (the composition's media metadata)."""
+    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
+        f.write(data)
+        f.flush()
+        try:
+            found = probe(Path(f.name))
+        except MediaInvalid:
+            return None
+    duration = round(found.duration_s, 3) if found.duration_s is not None else None
+    return Media(
+        format=found.format,
+        duration_s=duration,
+        width=found.width,
+        height=found.height,
+        codec=found.codec,
+        frames=found.frames,
+    )

@@ -1,56 +1,62 @@
-"""The paid executor: one business attempt of one node at a "submit, then poll" vendor.
+"""The paid executor: one business attempt of one node at its route's vendor, inside the Operation lifecycle.
 
-Life of an operation: INTENT (already fenced by the workflow) → reconcile (``reconcile.operations``) →
-submit with the OperationKey as the vendor's idempotency key → Progress(job id) → poll, heartbeating the job
-id, under the stall watchdog → artifact fetched, hash-verified, stored atomically → Outcome(actual cost).
-Every write is idempotent on a key derived from the OperationKey, and ``{op}:result`` is shared by Outcome,
-Failure and the void marker, so one operation has exactly one resolution, settled exactly once.
+    open (epoch, route state, the operation's record) → reconcile → [submit, write-ahead and fenced]
+    → Progress(job id) → poll, heartbeating the job id, under the stall watchdog
+    → the output streamed into the artifact store (hashed as it arrives, probed if it is media)
+    → Outcome at the actual cost, or a Failure at what the job cost
 
-When the task ends while an operation is in flight (abort, compliance block, time ceiling), the workflow
-cancels its executor and waits: the executor cancels the vendor job and records a Failure at what the job
-cost (or voids an operation that never reached the vendor), so its reservation is settled on every scope.
+What is known about a vendor error decides what it means (``vendors.errors``): a refusal before acceptance
+(429, 408, 401/403, 400) clears the "maybe sent" state; after acceptance the charge stands whatever happens
+next — a job that 404s (purged records) or whose output is gone is a Failure at its cost (from the vendor's
+billing where the adapter has it, else at the estimate with a cost anomaly), never at zero. A credentials
+error pauses the route for every worker and task until a person resumes it. ``operation.close`` ends an
+operation whose task ended, from the record and the vendor; ``operation.sweep`` finds jobs a vendor created
+for a key after the operation was voided and records their charges.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import os
+import socket
 import time
-from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from activities.artifacts import ArtifactCorrupt, LocalArtifactStore
-from activities.models import StageInput
+from activities.boundary import NotYetProvable, RoutePaused, to_application_error
+from activities.models import CloseInput, StageInput, SweepInput
+from activities.operation import Operation
+from artifacts.store import ArtifactCorrupt, ArtifactStore
 from ledger.recorder import Recorder
 from ledgerflow.faults import mark
-from reconcile.operations import Next, VendorMode, operation_state, reconcile
+from media import MediaInvalid, probe
+from reconcile.operations import Next, OperationState, operation_state, reconcile, stop_step
 from reconcile.watchdog import StallWatch
-from rules.checks import output_problems
-from rules.envelope import NewEvent, StoredEvent
-from rules.events import (
-    ArtifactRef,
-    Failure,
-    FailureKind,
-    MarkerKind,
-    Media,
-    Outcome,
-    Progress,
-    SystemMarker,
-    to_new,
-)
+from rules.checks import claim_disagrees, output_problems
+from rules.envelope import StoredEvent
+from rules.events import ArtifactRef, FailureKind, MarkerKind, Media, Outcome
+from rules.keys import is_result_key
+from rules.money import vendor_amount
+from rules.projection import fold
+from vendors.adapter import Capabilities, JobStatus, VendorAdapter, VendorJob, job_amount
 from vendors.errors import (
-    ArtifactHashMismatch,
-    VendorCannotTell,
+    UnsafeResultUrl,
+    VendorAuthError,
     VendorConflict,
     VendorError,
-    VendorRateLimited,
+    VendorNotFound,
     VendorRejected,
-    VendorUnavailable,
 )
-from vendors.http import HttpJobVendor, JobStatus, VendorJob
+from vendors.local import refs
+from vendors.registry import Adapters
+from vendors.routes import RouteSpec
+
+MEDIA_FORMATS = frozenset({"png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "webm", "wav", "mp3", "m4a"})
+# Framework work (compose, review, gate) has no route: nothing to look up, and only the review pays (a model
+# call, which cannot be looked up either).
+FRAMEWORK = Capabilities(can_lookup=False, can_cancel=False, synchronous=True, has_billing=False)
 
 
 class _Attempt:
@@ -58,279 +64,489 @@ class _Attempt:
 
     def __init__(self) -> None:
         self.job_id: str | None = None
-        self.sent = False  # a submit was (or may have been) sent
+
+
+class ResultProblem(Exception):
+    """The output of a finished, paid job cannot be registered: recorded as a Failure at the job's cost."""
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class StageActivities:
     def __init__(
         self,
         recorder: Recorder,
-        vendor: HttpJobVendor,
-        store: LocalArtifactStore,
+        adapters: Adapters,
+        store: ArtifactStore,
         poll_interval: float,
-        mode: VendorMode = VendorMode.IDEMPOTENT,
+        *,
+        store_for: Any = None,
+        pause_retry_s: float = 30.0,
     ):
         self.recorder = recorder
-        self.vendor = vendor
+        self.adapters = adapters
         self.store = store
+        self.store_for = store_for or (lambda uri: store)
         self.poll_interval = poll_interval
-        self.mode = mode
+        self.pause_retry_s = pause_retry_s
+        self.actor = f"worker {socket.gethostname()}:{os.getpid()}"
 
-    async def _write(
-        self, task_id: str, event: NewEvent, *, release: Decimal = Decimal(0), spend: Decimal = Decimal(0)
-    ) -> StoredEvent:
-        stored, _inserted = await asyncio.to_thread(
-            functools.partial(self.recorder.append_idempotent, task_id, event, release=release, spend=spend)
+    def _operation(self, inp: StageInput | CloseInput, route: str | None) -> Operation:
+        return Operation(
+            self.recorder,
+            task_id=inp.task_id,
+            node=inp.node,
+            key=inp.operation_key,
+            epoch=inp.epoch,
+            estimate=inp.estimate,
+            route=route,
+            pause_retry_s=self.pause_retry_s,
         )
-        return stored
 
     @activity.defn(name="stage.run")
     async def run(self, inp: StageInput) -> StoredEvent:
         """Run (or resume) the attempt; returns its recorded resolution, the ledger's copy, for the loop."""
-        key = inp.operation_key
-        epoch, settled = await asyncio.to_thread(self.recorder.preflight, inp.task_id, f"{key}:result")
-        if settled is not None:
-            return settled  # a retry after the result was written: nothing left to do
-        if epoch != inp.epoch:
-            # A zombie attempt of a run that lost the task must never start new vendor work.
-            raise ApplicationError(
-                f"epoch {inp.epoch} is stale (current {epoch})", type="StaleEpoch", non_retryable=True
-            )
+        op = self._operation(inp, inp.executor)
         attempt = _Attempt()
         try:
-            job = await self._reconcile_and_submit(inp, attempt)
-            if isinstance(job, StoredEvent):
-                return job  # voided, or the outcome is unknown: the loop decides what follows
-            if job.status == JobStatus.RUNNING:
-                job = await self._poll(inp, job)
-            if job.status == JobStatus.RUNNING:  # the watchdog gave up on it
-                return await self._stalled(inp, job)
-            mark("vendor_completed", op=key, job=job.id)
-            return await self._settle(inp, job)
+            adapter = self.adapters.get(inp.executor)
+            state = await op.open()
+            if state.result is not None:
+                return state.result  # a retry after the result was written: nothing left to do
+            return await self._attempt(op, adapter, inp, state, attempt)
         except asyncio.CancelledError:
-            await self._abandon(inp, attempt)
+            await self._abandon(op, inp, attempt)
             raise
-        except VendorRateLimited as e:
-            raise ApplicationError(
-                "vendor rate limited", type="VendorRateLimited", next_retry_delay=_delay(e.retry_after)
-            ) from e
-        except VendorUnavailable as e:
-            raise ApplicationError(f"vendor unavailable: {e}", type="VendorUnavailable") from e
-        except VendorConflict as e:
-            raise ApplicationError(f"vendor conflict: {e}", type="VendorConflict", non_retryable=True) from e
-        except VendorRejected as e:
-            raise ApplicationError(
-                f"vendor rejected the request: {e}", type="VendorRejected", non_retryable=True
-            ) from e
+        except VendorAuthError as e:
+            raise to_application_error(await self._pause(inp.executor, e)) from e
+        except Exception as e:
+            raise to_application_error(e) from e
 
-    async def _reconcile_and_submit(self, inp: StageInput, attempt: _Attempt) -> VendorJob | StoredEvent:
-        key = inp.operation_key
+    async def _pause(self, route: str, error: VendorAuthError) -> RoutePaused:
+        """A credentials error: the route pauses for every worker and task, and a person is paged."""
+        await asyncio.to_thread(self.recorder.pause_route, route, str(error), self.actor)
+        return RoutePaused(route, str(error), self.pause_retry_s)
+
+    async def _attempt(
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, state: OperationState, attempt: _Attempt
+    ) -> StoredEvent:
         details = activity.info().heartbeat_details
         heartbeat_job = str(details[0]) if details else None
-        if self.mode == VendorMode.IDEMPOTENT and heartbeat_job is None:
-            state = None  # resubmitting under the key is the lookup: no need to read the operation's history
+        if not state.sends and heartbeat_job is None and state.job_id is None:
+            # Nothing was ever sent for this operation: an equal request's output may stand in for it.
+            reused = await self._reuse(op, inp)
+            if reused is not None:
+                return reused
+        step = await reconcile(adapter, adapter.route, state, op.key, heartbeat_job)
+        if step.next == Next.VOID:
+            return await op.void(step.why)
+        if step.next == Next.UNKNOWN:
+            return await op.unknown(step.why)
+        if step.next == Next.WAIT:
+            raise NotYetProvable(step.why, step.wait_s)
+        if step.next == Next.RESUME:
+            assert step.job_id is not None
+            attempt.job_id = step.job_id
+            got = step.job or await self._get(op, adapter, step.job_id)
+            if isinstance(got, StoredEvent):
+                return got
+            job = got
+            if job.id != state.job_id:
+                await op.progress(job.id, job.progress)
         else:
-            events = await asyncio.to_thread(self.recorder.events_by_operation_key, key)
-            state = operation_state(events)
-        if state is not None:
-            decision = await reconcile(self.vendor, self.mode, key, state, heartbeat_job)
-            if decision.next == Next.RESUME:
-                assert decision.job is not None
-                attempt.job_id = decision.job.id
-                if decision.job.id != state.job_id:
-                    await self._progress(inp, decision.job)
-                return decision.job
-            if decision.next == Next.VOID:
-                return await self._void(inp, decision.why)
-            if decision.next == Next.UNKNOWN:
-                return await self._unknown(inp, decision.why)
-            if self.mode != VendorMode.IDEMPOTENT:
-                # Write-ahead: after a crash, this marker is what tells "maybe sent" from "never sent".
-                marker = SystemMarker(kind=MarkerKind.SUBMITTING, node=inp.node, operation_key=key)
-                await self._write(
-                    inp.task_id, to_new(marker, dedup_key=f"{key}:submitting", operation_key=key)
+            submitted = await self._submit(op, adapter, inp, state, attempt)
+            if isinstance(submitted, StoredEvent):
+                return submitted
+            job = submitted
+        if job.status == JobStatus.RUNNING:
+            polled = await self._poll(op, adapter, inp, job)
+            if isinstance(polled, StoredEvent):
+                return polled
+            job = polled
+        if job.status == JobStatus.RUNNING:  # the watchdog gave up on it
+            return await self._stalled(op, adapter, inp, job)
+        mark("vendor_completed", op=op.key, job=job.id)
+        return await self._settle(op, adapter, inp, job)
+
+    # ── the vendor side ───────────────────────────────────────────────────────────────────────────────
+    async def _submit(
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, state: OperationState, attempt: _Attempt
+    ) -> VendorJob | StoredEvent:
+        caps = adapter.capabilities
+        files = await self._input_urls(op, inp)
+        if isinstance(files, StoredEvent):
+            return files  # an input is gone: nothing was sent, its producer makes it again
+        send = None if caps.free else await op.sending(state, adapter.route.timeouts.request)
+        mark("submitting", op=op.key)
+        try:
+            job = await adapter.submit(
+                operation_key=op.key,
+                executor=inp.executor,
+                request=inp.input,
+                estimate=inp.estimate,
+                files=files,
+            )
+        except VendorError as e:
+            if e.refused and send is not None:
+                await op.refused(send, str(e))  # provably not accepted: no longer "maybe sent"
+            if isinstance(e, VendorRejected) and not isinstance(e, VendorAuthError):
+                # The request itself is refused: resending it unchanged cannot help. Nothing was accepted.
+                return await op.failure(
+                    FailureKind.CONTENT, f"the vendor refused the request: {e}", Decimal(0)
                 )
-        mark("submitting", op=key)
-        attempt.sent = True
-        job = await self.vendor.submit(
-            operation_key=key, executor=inp.executor, input=inp.input, estimate=inp.estimate
-        )
+            if isinstance(e, VendorConflict) and caps.can_lookup:
+                # The key is in use at the vendor (a request still in flight, or an earlier send): adopt what
+                # it holds under the key, or look again shortly; never resubmit into a conflict.
+                found = await adapter.find_by_key(op.key)
+                if not found:
+                    why = f"the key is in use at the vendor ({e}) but no job is visible yet"
+                    raise NotYetProvable(why, 1.0) from e
+                job = found[0]
+            else:
+                raise
         attempt.job_id = job.id
-        mark("vendor_accepted", op=key, job=job.id)
+        mark("vendor_accepted", op=op.key, job=job.id)
         activity.heartbeat(job.id)
         if job.status == JobStatus.RUNNING:
-            await self._progress(inp, job)
+            await op.progress(job.id, job.progress)
         return job
 
-    async def _progress(self, inp: StageInput, job: VendorJob) -> None:
-        progress = Progress(
-            node=inp.node, operation_key=inp.operation_key, job_id=job.id, progress=job.progress
-        )
-        key = inp.operation_key
-        await self._write(
-            inp.task_id, to_new(progress, dedup_key=f"{key}:progress:{job.id}", operation_key=key)
-        )
-        mark("progress_recorded", op=key, job=job.id)
+    async def _input_urls(self, op: Operation, inp: StageInput) -> dict[str, str] | StoredEvent:
+        """Every input, verified against its recorded sha256, and a URL the vendor can fetch it from.
 
-    async def _poll(self, inp: StageInput, job: VendorJob) -> VendorJob:
+        The URLs are made here, just before the call, and never recorded (a presigned URL is a credential).
+        An input whose bytes are gone or changed is never handed on: it is recorded as lost (its producer
+        makes it again) and this attempt is voided, nothing sent.
+        """
+        urls = {}
+        for ref in refs(inp.input.get("inputs")):
+            store = self.store_for(ref["uri"])
+            if not await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"]):
+                producer = str(ref.get("node") or inp.node)
+                await op.lost(producer, ref["sha256"])
+                return await op.void(
+                    f"input {producer} ({ref['sha256'][:12]}…) is missing or corrupt in the store"
+                )
+            urls[ref["sha256"]] = await asyncio.to_thread(store.fetch_url, ref["uri"])
+        return urls
+
+    async def _reuse(self, op: Operation, inp: StageInput) -> StoredEvent | None:
+        """Register an earlier output of an equal request (same input hash) instead of paying again.
+
+        The rules name this task's reusable output in the Dispatch; with ``reuse: project`` an earlier task of
+        the project may hold one too. The bytes are verified first: a missing or corrupt output is recorded as
+        lost and this attempt voided (the next one is a real dispatch), never handed on.
+        """
+        candidate = inp.reuse
+        if candidate is None and inp.reuse_project and inp.input_hash:
+            candidate = await self._project_output(inp)
+        if candidate is None:
+            return None
+        artifact = ArtifactRef.model_validate(candidate["artifact"])
+        store = self.store_for(artifact.uri)
+        if not await asyncio.to_thread(store.verify, artifact.uri, artifact.sha256):
+            await op.lost(inp.node, artifact.sha256)
+            return await op.void(f"the output of {candidate['operation_key']} to reuse is missing or corrupt")
+        outcome = Outcome(
+            node=inp.node,
+            operation_key=op.key,
+            artifact=artifact,
+            actual_cost=Decimal(0),
+            input_hash=inp.input_hash,
+            reused_from=candidate["operation_key"],
+        )
+        return await op.resolve(outcome, spend=Decimal(0))
+
+    async def _project_output(self, inp: StageInput) -> dict[str, Any] | None:
+        """A reusable output of an earlier task of the project for this input hash, if one exists."""
+        assert inp.input_hash is not None and inp.reuse_project is not None
+        found = await asyncio.to_thread(
+            self.recorder.outputs_by_input_hash, inp.input_hash, inp.reuse_project
+        )
+        for event in found:
+            if event.task_id == inp.task_id:
+                continue  # this task's own outputs are the rules' to offer (Dispatch.reuse)
+            p = fold(await asyncio.to_thread(self.recorder.read_events, event.task_id))
+            node = p.nodes.get(str(event.payload.get("node")))
+            output = (
+                next((o for o in node.outputs if o.operation_key == event.operation_key), None)
+                if node
+                else None
+            )
+            if output is not None and output.reusable:
+                return {"operation_key": output.operation_key, "artifact": output.artifact}
+        return None
+
+    async def _get(self, op: Operation, adapter: VendorAdapter, job_id: str) -> VendorJob | StoredEvent:
+        try:
+            return await adapter.get(job_id)
+        except VendorNotFound as e:
+            return await self._charge_stands(op, adapter, job_id, f"job {job_id} is gone at the vendor ({e})")
+
+    async def _charge_stands(
+        self, op: Operation, adapter: VendorAdapter, job_id: str, why: str
+    ) -> StoredEvent:
+        """The vendor accepted and billed the job: its cost comes from its billing, else the estimate."""
+        raw = None
+        if adapter.capabilities.has_billing:
+            try:
+                raw = await adapter.charged(op.key, job_id)
+            except VendorError:
+                raw = None
+        if raw is not None:
+            cost = await op.settle_cost(vendor_amount(raw))
+        else:
+            cost = op.estimate
+            await op.anomaly(
+                f"{why}; its charge cannot be read from the vendor: counted at the estimate {cost}"
+            )
+        return await op.failure(FailureKind.TECHNICAL, why, cost)
+
+    async def _poll(
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
+    ) -> VendorJob | StoredEvent:
         """Poll until the job ends or stalls, heartbeating its id: a retry resumes it, never resubmits."""
         watch = StallWatch(inp.stall_after)
-        mark("polling", op=inp.operation_key, job=job.id)
+        mark("polling", op=op.key, job=job.id)
         while job.status == JobStatus.RUNNING:
             activity.heartbeat(job.id)
             if watch.stalled(job.progress, time.monotonic()):
                 return job
             await asyncio.sleep(self.poll_interval)
-            job = await self.vendor.get(job.id)
+            got = await self._get(op, adapter, job.id)
+            if isinstance(got, StoredEvent):
+                return got
+            job = got
         return job
 
-    async def _stalled(self, inp: StageInput, job: VendorJob) -> StoredEvent:
+    async def _stalled(
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
+    ) -> StoredEvent:
         """Cancel a stalled job at the vendor and record the failure with what it cost so far."""
-        cancelled = await self.vendor.cancel(job.id)
-        failure = Failure(
-            node=inp.node,
-            operation_key=inp.operation_key,
-            kind=FailureKind.STALLED,
-            error=f"no progress for {inp.stall_after:g}s at {cancelled.progress:.0%}: cancelled job {job.id}",
-            actual_cost=cancelled.cost,
-        )
-        return await self._resolve(inp, failure, spend=cancelled.cost)
+        cancelled = await adapter.cancel(job.id)
+        cost = await op.settle_cost(job_amount(adapter.route, cancelled))
+        shown = f"{cancelled.progress:.0%}" if cancelled.progress is not None else "unknown progress"
+        error = f"no progress for {inp.stall_after:g}s at {shown}: cancelled job {job.id}"
+        return await op.failure(FailureKind.STALLED, error, cost)
 
-    async def _abandon(self, inp: StageInput, attempt: _Attempt) -> None:
+    # ── the result ────────────────────────────────────────────────────────────────────────────────────
+    async def _settle(
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
+    ) -> StoredEvent:
+        amount = job_amount(adapter.route, job)
+        if job.status != JobStatus.SUCCEEDED:
+            cost = await op.settle_cost(amount)
+            content = job.error is not None and job.error.kind == "content_rejected"
+            message = job.error.message if job.error is not None else f"job {job.id} ended {job.status}"
+            return await op.failure(FailureKind.CONTENT if content else FailureKind.TECHNICAL, message, cost)
+        try:
+            artifact = await self._store_output(op, adapter, inp, job)
+        except ResultProblem as e:
+            return await op.failure(e.kind, str(e), await op.settle_cost(amount))
+        cost = await op.settle_cost(amount)
+        # The node check: an artifact outside its stage's output bounds is never registered as the node's
+        # version; it is paid for, and the rules retry with the problem in the request.
+        if problems := output_problems(inp.output, artifact.media):
+            return await op.failure(FailureKind.INVALID_OUTPUT, f"{inp.node} {'; '.join(problems)}", cost)
+        outcome = Outcome(
+            node=inp.node,
+            operation_key=op.key,
+            job_id=job.id,
+            artifact=artifact,
+            actual_cost=cost,
+            input_hash=inp.input_hash,
+        )
+        return await op.resolve(outcome, spend=cost)
+
+    async def _store_output(
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
+    ) -> ArtifactRef:
+        """Stream the output into the store (hashed as it arrives), probe it if it is media, publish it."""
+        expected = job.result.sha256 if job.result is not None else None
+        claimed = job.result.media if job.result is not None else None
+        with self.store.staging(op.key) as staging:
+            try:
+                if job.inline is not None:
+                    staging.write(job.inline)
+                else:
+                    await adapter.download(job, staging.write)
+            except VendorNotFound as e:
+                raise ResultProblem(FailureKind.TECHNICAL, f"the output of job {job.id} is gone ({e})") from e
+            except UnsafeResultUrl as e:
+                raise ResultProblem(FailureKind.INVALID_OUTPUT, str(e)) from e
+            if expected is not None and staging.sha256 != expected:
+                raise ResultProblem(
+                    FailureKind.INVALID_OUTPUT,
+                    f"artifact hash {staging.sha256[:12]}… does not match the vendor's {expected[:12]}…",
+                )
+            media, claim = await self._media(inp, staging.path, claimed)
+            try:
+                stored = await asyncio.to_thread(self.store.publish, staging, expected, operation_key=op.key)
+            except ArtifactCorrupt as e:
+                raise ResultProblem(FailureKind.INVALID_OUTPUT, str(e)) from e
+        return ArtifactRef(uri=stored.uri, sha256=stored.sha256, size=stored.size, media=media, claimed=claim)
+
+    async def _media(self, inp: StageInput, path: Any, claimed: Any) -> tuple[Media | None, Media | None]:
+        """What the file is, probed (never only what the vendor says), with the vendor's rights metadata.
+
+        A stage that bounds its output, or a file the vendor or the request calls media, is decoded: one that
+        does not decode (truncated, another type) is ``invalid_output`` with the probe's reason; a claim that
+        disagrees with the file is kept beside it (``claimed``), for the review to report.
+        """
+        said = Media.model_validate(claimed.model_dump()) if claimed is not None else None
+        fmt = (said.format if said else None) or inp.input.get("format")
+        if inp.output is None and str(fmt).lower() not in MEDIA_FORMATS:
+            return said, None
+        try:
+            found = await asyncio.to_thread(probe, path)
+        except MediaInvalid as e:
+            raise ResultProblem(FailureKind.INVALID_OUTPUT, f"the output is not valid media: {e}") from e
+        media = Media(
+            format=found.format,
+            duration_s=round(found.duration_s, 3) if found.duration_s is not None else None,
+            width=found.width,
+            height=found.height,
+            codec=found.codec,
+            frames=found.frames,
+            rights=said.rights if said else None,
+        )
+        return media, said if said is not None and claim_disagrees(media, said) else None
+
+    # ── ending an operation ───────────────────────────────────────────────────────────────────────────
+    async def _abandon(self, op: Operation, inp: StageInput, attempt: _Attempt) -> None:
         """The workflow cancelled this attempt (its task ended): stop the job and record what it cost.
 
         Only for a cancellation the workflow asked for. Any other (the worker shutting down, a heartbeat
-        timeout, a run that is gone because it was terminated, reset or taken over) leaves the operation
-        open, for the next attempt or the next run to reconcile and adopt. An operation that never reached the
-        vendor is voided; a job is cancelled and the operation fails at what the job cost (billed when it was
-        accepted). Every write is the operation's idempotent result, settling its reservation: a recorded
-        result stands.
+        timeout, a run that is gone) leaves the operation open, for the next attempt or run to reconcile.
         """
         why = activity.cancellation_details()
         if why is None or not why.cancel_requested:
             return
-        key = inp.operation_key
-        job_id = attempt.job_id
         try:
-            if job_id is None and attempt.sent:  # cancelled while submitting: the vendor may have the job
-                jobs = await self.vendor.find_by_key(key)
-                job_id = jobs[0].id if jobs else None
-            if job_id is None:
-                await self._void(inp, "cancelled before the vendor had the job: the task ended")
-                return
-            job = await self.vendor.cancel(job_id)
-        except VendorCannotTell:
-            await self._unknown(inp, "cancelled while submitting, and the vendor cannot look the key up")
-            return
-        except VendorError as e:
-            await self._unknown(inp, f"cancelled, but job {job_id or '?'} could not be stopped: {e}")
-            return
-        failure = Failure(
-            node=inp.node,
-            operation_key=key,
-            kind=FailureKind.TECHNICAL,
-            error=f"cancelled: the task ended while job {job.id} was {job.status} at {job.progress:.0%}",
-            actual_cost=job.cost,
-        )
-        await self._resolve(inp, failure, spend=job.cost)
+            await self._stop(op, inp.executor, attempt.job_id)
+        except Exception:
+            # The workflow closes whatever is still open (operation.close), from the record and the vendor.
+            activity.logger.warning("could not stop %s on cancellation; the workflow will close it", op.key)
 
-    async def _void(self, inp: StageInput, why: str) -> StoredEvent:
-        marker = SystemMarker(
-            kind=MarkerKind.VOID, node=inp.node, operation_key=inp.operation_key, detail=why
-        )
-        return await self._resolve(inp, marker, spend=Decimal(0))
-
-    async def _unknown(self, inp: StageInput, why: str) -> StoredEvent:
-        key = inp.operation_key
-        anomaly = SystemMarker(
-            kind=MarkerKind.COST_ANOMALY,
-            node=inp.node,
-            operation_key=key,
-            detail=f"possible duplicate charge: {why}",
-        )
-        await self._write(inp.task_id, to_new(anomaly, dedup_key=f"{key}:cost_anomaly", operation_key=key))
-        # Counted as spent at the reserved estimate: a charge that may have happened is accounted for, never
-        # lost (the person who decides can see the anomaly and the vendor's invoice).
-        failure = Failure(
-            node=inp.node,
-            operation_key=key,
-            kind=FailureKind.UNKNOWN_OUTCOME,
-            error=f"the vendor cannot say whether {key} ran ({why}); not resubmitted",
-            actual_cost=inp.estimate,
-        )
-        return await self._resolve(inp, failure, spend=inp.estimate)
-
-    async def _settle(self, inp: StageInput, job: VendorJob) -> StoredEvent:
-        key = inp.operation_key
-        event: Outcome | Failure
-        if job.status == JobStatus.SUCCEEDED:
-            try:
-                data = await self.vendor.fetch_result(job)
-                assert job.result is not None
-                uri = await asyncio.to_thread(self.store.put, data, job.result.sha256, key)
-            except (ArtifactHashMismatch, ArtifactCorrupt) as e:
-                event = Failure(
-                    node=inp.node,
-                    operation_key=key,
-                    kind=FailureKind.INVALID_OUTPUT,
-                    error=str(e),
-                    actual_cost=job.cost,
-                )
-            else:
-                media = job.result.media
-                artifact = ArtifactRef(
-                    uri=uri,
-                    sha256=job.result.sha256,
-                    size=len(data),
-                    media=Media.model_validate(media.model_dump()) if media is not None else None,
-                )
-                event = Outcome(
-                    node=inp.node, operation_key=key, job_id=job.id, artifact=artifact, actual_cost=job.cost
-                )
-                # The node check: an artifact outside its stage's output bounds is never registered as the
-                # node's version; it is paid for, and the rules retry with the problem in the request.
-                if problems := output_problems(inp.output, artifact.media):
-                    event = Failure(
-                        node=inp.node,
-                        operation_key=key,
-                        kind=FailureKind.INVALID_OUTPUT,
-                        error=f"{inp.node} {'; '.join(problems)}",
-                        actual_cost=job.cost,
-                    )
+    async def _stop(self, op: Operation, executor: str, heartbeat_job: str | None) -> StoredEvent:
+        """End an open operation now, never submitting: cancel its job and record what it cost."""
+        state = await op.open(fenced=False)
+        if state.result is not None:
+            return state.result
+        try:
+            adapter: VendorAdapter | None = self.adapters.get(executor)
+        except Exception:
+            adapter = None  # framework work (compose, review, gate): no route
+        if adapter is None:
+            step = stop_step(state, RouteSpec(), FRAMEWORK, heartbeat_job)
         else:
-            kind = FailureKind.TECHNICAL
-            if job.error is not None and job.error.kind == "content_rejected":
-                kind = FailureKind.CONTENT
-            message = job.error.message if job.error is not None else f"job {job.id} ended {job.status}"
-            event = Failure(node=inp.node, operation_key=key, kind=kind, error=message, actual_cost=job.cost)
-        stored = await self._resolve(inp, event, spend=job.cost)
-        if job.cost > inp.estimate:
-            # Recorded as it is, never hidden or blocked: a marker flags it for people and the audit.
-            anomaly = SystemMarker(
-                kind=MarkerKind.COST_ANOMALY,
-                node=inp.node,
-                operation_key=key,
-                detail=f"actual {job.cost} above the reserved estimate {inp.estimate}",
-            )
-            await self._write(
-                inp.task_id, to_new(anomaly, dedup_key=f"{key}:cost_anomaly", operation_key=key)
-            )
-        return stored
+            step = await reconcile(adapter, adapter.route, state, op.key, heartbeat_job, stopping=True)
+        if step.next == Next.VOID:
+            return await op.void(f"the task ended: {step.why}")
+        if step.next == Next.UNKNOWN or adapter is None:
+            return await op.unknown(f"the task ended: {step.why}")
+        if step.next == Next.WAIT:
+            raise NotYetProvable(step.why, step.wait_s)
+        assert step.job_id is not None
+        got = step.job or await self._get(op, adapter, step.job_id)
+        if isinstance(got, StoredEvent):
+            return got
+        job = got
+        if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
+            job = await adapter.cancel(job.id)
+        if job.status == JobStatus.SUCCEEDED:
+            return await self._settle(op, adapter, _close_as_stage(op, executor), job)
+        cost = await op.settle_cost(job_amount(adapter.route, job))
+        shown = f"{job.progress:.0%}" if job.progress is not None else "?"
+        error = f"cancelled: the task ended while job {job.id} was {job.status} at {shown}"
+        return await op.failure(FailureKind.TECHNICAL, error, cost)
 
-    async def _resolve(
-        self, inp: StageInput, event: Outcome | Failure | SystemMarker, *, spend: Decimal
-    ) -> StoredEvent:
-        """Write the operation's one resolution, settling its reservation at the actual cost, once."""
-        key = inp.operation_key
-        stored = await self._write(
-            inp.task_id,
-            to_new(event, dedup_key=f"{key}:result", operation_key=key),
-            release=inp.estimate,
-            spend=spend,
+    @activity.defn(name="operation.close")
+    async def close(self, inp: CloseInput) -> StoredEvent:
+        """Resolve an operation left open when its task ended, or whose executor gave up without a result.
+
+        From the record and the vendor, never from a guess: a known job is cancelled and counted at what it
+        cost; a maybe-sent request is looked up where the vendor can (and waited for until it is provably
+        absent); otherwise it is an unknown outcome at the estimate with a cost anomaly. Never zero for a
+        charge that may have happened.
+        """
+        op = self._operation(inp, None)
+        try:
+            return await self._stop(op, inp.executor, None)
+        except VendorAuthError as e:
+            raise to_application_error(await self._pause(inp.executor, e)) from e
+        except Exception as e:
+            raise to_application_error(e) from e
+
+    @activity.defn(name="operation.sweep")
+    async def sweep(self, inp: SweepInput) -> int:
+        """Find jobs the vendor created under a key after its operation was voided; record their charges.
+
+        A void is proof of absence only while the vendor keeps its promised acceptance window; a job that
+        appears later still cost money. Run when the task ends: every voided operation that may have been sent
+        is looked up (where the route can) and every job found is cancelled and its charge recorded. Returns
+        how many late jobs were found.
+        """
+        try:
+            events = await asyncio.to_thread(self.recorder.read_events, inp.task_id)
+            by_op: dict[str, list[StoredEvent]] = {}
+            for e in events:
+                if e.operation_key is not None:
+                    by_op.setdefault(e.operation_key, []).append(e)
+            found = 0
+            for key, op_events in by_op.items():
+                found += await self._sweep_one(inp, key, op_events)
+            return found
+        except Exception as e:
+            raise to_application_error(e) from e
+
+    async def _sweep_one(self, inp: SweepInput, key: str, op_events: list[StoredEvent]) -> int:
+        result = next((e for e in op_events if is_result_key(e.dedup_key)), None)
+        void = (
+            result is not None
+            and result.type == "SystemMarker"
+            and result.payload.get("kind") == MarkerKind.VOID
         )
-        mark("outcome_recorded", op=key, type=stored.type)
-        return stored
+        intent = next((e for e in op_events if e.type == "Intent"), None)
+        if not void or intent is None or intent.payload["action"].get("kind") != "Dispatch":
+            return 0
+        assert result is not None
+        state = operation_state(op_events, result.recorded_at)
+        executor = intent.payload["action"]["executor"]
+        try:
+            adapter = self.adapters.get(executor)
+        except Exception:
+            return 0
+        if not state.maybe_sent or not adapter.capabilities.can_lookup or adapter.capabilities.free:
+            return 0
+        jobs = await adapter.find_by_key(key)
+        op = Operation(
+            self.recorder,
+            task_id=inp.task_id,
+            node=str(result.payload.get("node")),
+            key=key,
+            epoch=0,
+            estimate=Decimal(str(intent.payload.get("reservation") or "0")),
+        )
+        for job in jobs:
+            if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
+                job = await adapter.cancel(job.id)
+            await op.late_charge(
+                job.id, job_amount(adapter.route, job), "created after its operation was voided"
+            )
+        return len(jobs)
 
 
-def _delay(seconds: float) -> timedelta:
-    return timedelta(seconds=max(0.1, seconds))
+def _close_as_stage(op: Operation, executor: str) -> StageInput:
+    """A StageInput good enough to register the output of a job that finished while its task was ending."""
+    return StageInput(
+        task_id=op.task_id,
+        node=op.node,
+        operation_key=op.key,
+        attempt=0,
+        epoch=op.epoch,
+        executor=executor,
+        estimate=op.estimate,
+    )

@@ -14,7 +14,8 @@ from pydantic import BaseModel
 from temporalio import activity, workflow
 
 with workflow.unsafe.imports_passed_through():
-    from vendors.http import HttpJobVendor, JobStatus
+    from vendors.adapter import JobStatus
+    from vendors.jobs import JobsAdapter
 
 
 class BareInput(BaseModel):
@@ -30,7 +31,7 @@ class StageCall(BaseModel):
 
 
 class BareActivities:
-    def __init__(self, vendor: HttpJobVendor, poll_interval: float) -> None:
+    def __init__(self, vendor: JobsAdapter, poll_interval: float) -> None:
         self.vendor = vendor
         self.poll_interval = poll_interval
 
@@ -39,7 +40,7 @@ class BareActivities:
         job = await self.vendor.submit(
             operation_key=call.key,
             executor=call.executor,
-            input={"stage": call.key},
+            request={"stage": call.key},
             estimate=Decimal("0.01"),
         )
         if job.status == JobStatus.RUNNING:

@@ -31,9 +31,9 @@ from temporalio.worker import Worker
 from bench.bare import BareActivities, BareDag, BareInput
 from ledgerflow import pg, stack
 from ledgerflow.config import Settings
-from ledgerflow.routes import DEFAULT_ROUTES
 from rules.plan import load_plan
-from vendors.http import HttpJobVendor
+from vendors.jobs import JobsAdapter
+from vendors.routes import DEFAULT_ROUTES, RouteSpec
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
 SIM_KEY = "bench-key"
@@ -128,7 +128,7 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
         async with AsyncExitStack() as es:
             lf_worker = await build_worker(client, settings, es, task_queue=queue)
             http = await es.enter_async_context(httpx.AsyncClient(timeout=30))
-            vendor = HttpJobVendor(settings.resolved_vendor_url(), SIM_KEY, client=http)
+            vendor = JobsAdapter(RouteSpec(), settings.resolved_vendor_url(), SIM_KEY, client=http)
             bare_worker = Worker(
                 client,
                 task_queue=f"{queue}-bare",

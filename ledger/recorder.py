@@ -37,10 +37,11 @@ from sqlalchemy import (
     create_engine,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger.errors import (
@@ -52,8 +53,9 @@ from ledger.errors import (
     StaleEpoch,
     TaskNotFound,
 )
-from ledger.schema import DEDUP_CONSTRAINT, MONEY_SCALE, budget_accounts, create_schema, events, task_leases
+from ledger.schema import DEDUP_CONSTRAINT, budget_accounts, create_schema, events, route_events, task_leases
 from rules.envelope import NewEvent, StoredEvent
+from rules.money import MAX_AMOUNT, MONEY_SCALE, QUANTUM
 
 _EVENT_COLUMNS: Final = (
     events.c.task_id,
@@ -87,6 +89,11 @@ _TAKE_LEASE: Final = _lease_insert.on_conflict_do_update(
 ).returning(task_leases.c.epoch)
 
 _CURRENT_EPOCH: Final = select(task_leases.c.epoch).where(task_leases.c.task_id == bindparam("b_task_id"))
+# The executor's clock is the database's: every deadline an operation keeps (a submit that may still land, a
+# key the vendor may have forgotten) is measured against recorded_at, which this clock wrote.
+_EPOCH_AND_NOW: Final = select(task_leases.c.epoch, func.clock_timestamp()).where(
+    task_leases.c.task_id == bindparam("b_task_id")
+)
 
 # Lock + fence + seq reservation in one round trip. The UPDATE row lock serializes every writer of this task
 # (both paths and take_lease) until commit; if it had to wait for a concurrent take_lease, Postgres re-checks
@@ -147,13 +154,46 @@ _BY_OPERATION_KEY: Final = (
     .order_by(events.c.task_id, events.c.seq)
 )
 
+# Outcomes registered for an input hash by tasks of one project (served by ix_events_outcome_input_hash).
+_OUTPUTS_BY_HASH: Final = (
+    select(*_EVENT_COLUMNS)
+    .select_from(events.join(task_leases, task_leases.c.task_id == events.c.task_id))
+    .where(
+        events.c.type == "Outcome",
+        events.c.payload["input_hash"].astext == bindparam("b_hash"),
+        task_leases.c.budget_scopes.contains(bindparam("b_scope_list", type_=ARRAY(Text))),
+    )
+    .order_by(events.c.recorded_at.desc())
+    .limit(20)
+)
+
 _TASK_IDS: Final = select(task_leases.c.task_id).order_by(task_leases.c.created_at, task_leases.c.task_id)
+
+# --- routes ------------------------------------------------------------------------------------------------
+
+_ROUTE_STATE: Final = (
+    select(route_events.c.kind, route_events.c.reason, route_events.c.actor, route_events.c.recorded_at)
+    .where(route_events.c.route == bindparam("b_route"))
+    .order_by(route_events.c.id.desc())
+    .limit(1)
+)
+_ROUTE_STATES: Final = (
+    select(
+        route_events.c.route,
+        route_events.c.kind,
+        route_events.c.reason,
+        route_events.c.actor,
+        route_events.c.recorded_at,
+    )
+    .ext(distinct_on(route_events.c.route))
+    .order_by(route_events.c.route, route_events.c.id.desc())
+)
+# One event per change of state: many workers meeting the same rotated key record one pause, not hundreds.
+# The advisory lock serialises the check and the insert for one route: two pausers never both insert.
+_ROUTE_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext('route:' || :route))")
 
 # --- money -------------------------------------------------------------------------------------------------
 
-# One billion, as rules.plan.MAX_AMOUNT: anything larger is a typo or an attack.
-MAX_AMOUNT: Final = Decimal("1000000000")
-_QUANTUM: Final = Decimal(1).scaleb(-MONEY_SCALE)  # the accounts' numeric(20, 6): one micro-unit
 
 _SCOPES: Final = ARRAY(Text)
 _MONEY: Final = Numeric(20, MONEY_SCALE, asdecimal=True)
@@ -171,6 +211,9 @@ _RESERVE_ONE_SCOPES: Final = (
     .values(next_seq=task_leases.c.next_seq + 1)
     .returning(task_leases.c.next_seq, task_leases.c.epoch, task_leases.c.budget_scopes)
 )
+# An idempotent write that is also a fence: an executor's write-ahead marker just before a paid call matches
+# only while its run's epoch is current, so a zombie of a fenced-off run writes nothing and sends nothing.
+_RESERVE_ONE_FENCED: Final = _RESERVE_ONE_SCOPES.where(task_leases.c.epoch == bindparam("b_epoch"))
 
 _ACCOUNT_COLUMNS: Final = (
     budget_accounts.c.scope,
@@ -269,6 +312,28 @@ _TASKS_IN_SCOPE: Final = (
     .where(task_leases.c.budget_scopes.contains(bindparam("b_scope_list", type_=_SCOPES)))
     .order_by(task_leases.c.created_at, task_leases.c.task_id)
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RouteState:
+    """A route's latest event: ``paused`` True until a person resumes it."""
+
+    route: str
+    paused: bool
+    reason: str
+    actor: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class OperationView:
+    """One read of an operation: the task's epoch (None: no such task), the database's clock, its events and,
+    if a route was named, why it is paused (None: it is not)."""
+
+    epoch: int | None
+    now: datetime | None
+    events: list[StoredEvent]
+    paused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,8 +460,12 @@ class Recorder:
         release: Decimal = Decimal(0),
         spend: Decimal = Decimal(0),
         raise_ceiling: tuple[str, Decimal] | None = None,
+        fence_epoch: int | None = None,
     ) -> tuple[StoredEvent, bool]:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
+
+        With ``fence_epoch`` the write is also a fence: it happens only while that epoch is the task's
+        current one (StaleEpoch otherwise), in the same statement that takes the lease row's lock.
 
         If this call inserts the event, the same transaction settles on every budget scope of the task:
         ``reserved -= release`` and ``spent += spend``; actual spend is recorded as it is, even past the
@@ -417,17 +486,27 @@ class Recorder:
             LedgerError: ``release`` exceeds a scope's reservation, there is something to settle but the
                 task has no budget accounts, or the raised scope is not one of the task's: caller bugs;
                 nothing was written.
+            StaleEpoch: ``fence_epoch`` is given and is not the task's current epoch; nothing was written.
             LedgerUnavailable: The database could not be reached; the write may or may not have committed.
         """
         to_release, to_spend = _amount("release", release), _amount("spend", spend)
         settle = bool(to_release or to_spend)
         raised = None if raise_ceiling is None else (raise_ceiling[0], _amount("raise", raise_ceiling[1]))
         with _translated(), self._engine.connect() as conn:
-            reserved = conn.execute(
-                _RESERVE_ONE_SCOPES if settle or raised else _RESERVE_ONE, {"b_task_id": task_id}
-            ).first()
+            if fence_epoch is not None:
+                params = {"b_task_id": task_id, "b_epoch": fence_epoch}
+                reserved = conn.execute(_RESERVE_ONE_FENCED, params).first()
+            else:
+                reserved = conn.execute(
+                    _RESERVE_ONE_SCOPES if settle or raised else _RESERVE_ONE, {"b_task_id": task_id}
+                ).first()
             if reserved is None:
-                raise TaskNotFound(task_id)
+                actual = conn.execute(_CURRENT_EPOCH, {"b_task_id": task_id}).scalar_one_or_none()
+                conn.rollback()
+                if actual is None:
+                    raise TaskNotFound(task_id)
+                assert fence_epoch is not None
+                raise StaleEpoch(task_id, fence_epoch, actual)
             next_seq, epoch = reserved[0], reserved[1]
             inserted = conn.execute(_INSERT_IDEMPOTENT, _params(task_id, next_seq - 1, epoch, event)).first()
             if inserted is not None:
@@ -553,10 +632,55 @@ class Recorder:
         epoch: int = row[0]
         return epoch, None if row.seq is None else _stored(row[1:])
 
+    def operation_view(self, task_id: str, operation_key: str, route: str | None = None) -> OperationView:
+        """What an executor reads before it acts, on one connection: the task's current epoch, the database's
+        clock, every event of the operation, and whether the route it is about to call is paused."""
+        with _translated(), self._reader.connect() as conn:
+            head = conn.execute(_EPOCH_AND_NOW, {"b_task_id": task_id}).first()
+            rows = conn.execute(_BY_OPERATION_KEY, {"b_operation_key": operation_key}).all()
+            state = conn.execute(_ROUTE_STATE, {"b_route": route}).first() if route is not None else None
+        epoch, now = (head[0], head[1]) if head is not None else (None, None)
+        paused = state[1] or "paused" if state is not None and state[0] == "paused" else None
+        return OperationView(epoch, now, [_stored(r) for r in rows if r.task_id == task_id], paused)
+
+    # --- routes ------------------------------------------------------------------------------------------
+
+    def pause_route(self, route: str, reason: str, actor: str) -> bool:
+        """Pause ``route`` for every worker and task (no-op if already paused); True if this call did."""
+        return self._route_event(route, "paused", reason, actor)
+
+    def resume_route(self, route: str, actor: str, reason: str = "") -> bool:
+        """Resume a paused route; True if it was paused."""
+        return self._route_event(route, "resumed", reason, actor)
+
+    def _route_event(self, route: str, kind: str, reason: str, actor: str) -> bool:
+        with _translated(), self._engine.begin() as conn:
+            conn.execute(_ROUTE_LOCK, {"route": route})
+            latest = conn.execute(_ROUTE_STATE, {"b_route": route}).first()
+            current = latest[0] if latest is not None else "resumed"
+            if current == kind:
+                return False
+            row = {"route": route, "kind": kind, "reason": reason[:1000], "actor": actor[:200]}
+            conn.execute(route_events.insert().values(**row))
+        return True
+
+    def route_states(self) -> dict[str, RouteState]:
+        """Every route that was ever paused, with its current state."""
+        with _translated(), self._reader.connect() as conn:
+            rows = conn.execute(_ROUTE_STATES).all()
+        return {r[0]: RouteState(r[0], r[1] == "paused", r[2], r[3], r[4]) for r in rows}
+
     def events_by_operation_key(self, operation_key: str) -> list[StoredEvent]:
         """Every event carrying ``operation_key``, ordered by task and seq."""
         with _translated(), self._reader.connect() as conn:
             rows = conn.execute(_BY_OPERATION_KEY, {"b_operation_key": operation_key}).all()
+        return [_stored(r) for r in rows]
+
+    def outputs_by_input_hash(self, input_hash: str, project: str) -> list[StoredEvent]:
+        """Outcomes registered for ``input_hash`` by any task of ``project``, newest first (at most 20)."""
+        params = {"b_hash": input_hash, "b_scope_list": [f"project:{project}"]}
+        with _translated(), self._reader.connect() as conn:
+            rows = conn.execute(_OUTPUTS_BY_HASH, params).all()
         return [_stored(r) for r in rows]
 
     def task_ids(self) -> list[str]:
@@ -588,7 +712,7 @@ def _amount(name: str, value: object) -> Decimal:
         raise InvalidAmount(name, value, "must not be negative")
     if amount > MAX_AMOUNT:
         raise InvalidAmount(name, value, f"must be at most {MAX_AMOUNT}")
-    if amount != amount.quantize(_QUANTUM):
+    if amount != amount.quantize(QUANTUM):
         raise InvalidAmount(name, value, f"must have at most {MONEY_SCALE} decimal places")
     return amount
 

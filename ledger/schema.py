@@ -34,6 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from rules.money import MONEY_SCALE
+
 metadata: Final = MetaData()
 
 task_leases: Final = Table(
@@ -54,8 +56,7 @@ task_leases: Final = Table(
     Index("ix_task_leases_budget_scopes", "budget_scopes", postgresql_using="gin"),
 )
 
-# Money in micro-units: six decimals, up to 10^14 (MAX_AMOUNT is 10^9 per amount).
-MONEY_SCALE: Final = 6
+# Money in micro-units (rules.money: one scale for the plan, the adapters and the ledger), up to 10^14.
 
 budget_accounts: Final = Table(
     "budget_accounts",
@@ -91,6 +92,21 @@ events: Final = Table(
 
 DEDUP_CONSTRAINT: Final = "uq_events_dedup_key"
 
+# What happened to each vendor route, append-only: a credentials error pauses it (every worker and task sees
+# it at once), a person resumes it after fixing the key. A route's state is its latest event.
+route_events: Final = Table(
+    "route_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("route", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("reason", Text, nullable=False, server_default=text("''")),
+    Column("actor", Text, nullable=False),
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    CheckConstraint("kind IN ('paused', 'resumed')", name="ck_route_events_kind"),
+    Index("ix_route_events_route", "route", "id"),
+)
+
 # An arbitrary constant shared by every process creating the schema ("ledger" in ASCII).
 _SCHEMA_LOCK_KEY: Final = 0x6C6564676572
 
@@ -108,6 +124,7 @@ $$
 _TRIGGERS: Final = (
     ("events_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON events"),
     ("task_leases_never_deleted", "BEFORE DELETE OR TRUNCATE ON task_leases"),
+    ("route_events_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON route_events"),
 )
 
 
@@ -118,11 +135,14 @@ _TRIGGERS: Final = (
 _UPGRADES: Final = (
     "ALTER TABLE task_leases ADD COLUMN IF NOT EXISTS budget_scopes text[] NOT NULL DEFAULT '{}'",
     "CREATE INDEX IF NOT EXISTS ix_task_leases_budget_scopes ON task_leases USING gin (budget_scopes)",
+    # Reuse across a project: the outputs registered for a given input hash (rules.inputs).
+    "CREATE INDEX IF NOT EXISTS ix_events_outcome_input_hash ON events ((payload->>'input_hash'))"
+    " WHERE type = 'Outcome'",
 )
 
 
 # Bump when the DDL below changes: databases at an older version run it again (it is idempotent).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def create_schema_on(conn: Connection) -> None:

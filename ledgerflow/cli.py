@@ -24,7 +24,8 @@ from ledger.errors import LedgerError
 from ledgerflow import client as lf
 from ledgerflow.config import ConfigError, get_settings
 from ledgerflow.stack import StackError
-from rules.plan import PlanError, parse_amount
+from rules.money import parse_amount
+from rules.plan import PlanError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Trustworthy orchestration of paid pipelines."

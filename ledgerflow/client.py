@@ -11,10 +11,9 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ledger.recorder import Recorder
-from ledgerflow.config import Settings
-from ledgerflow.routes import load_routes
+from ledgerflow.config import Settings, get_settings
 from rules.envelope import StoredEvent
-from rules.plan import Plan, load_plan
+from rules.plan import Plan, Routes, load_plan
 from rules.projection import Projection, fold, summary
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
 
@@ -23,8 +22,9 @@ class ClientError(Exception):
     """A task could not be started or found (a user-facing, one-line error)."""
 
 
-def parse_plan(text: str, task_id: str | None = None) -> Plan:
-    return load_plan(text, load_routes(), task_id=task_id)
+def parse_plan(text: str, task_id: str | None = None, routes: Routes | None = None) -> Plan:
+    """Validate a plan against this deployment's route table (``LEDGERFLOW_ROUTES_FILE``, or the default)."""
+    return load_plan(text, routes or get_settings().route_table().names(), task_id=task_id)
 
 
 async def connect(settings: Settings) -> Client:

@@ -8,11 +8,14 @@ are stored in Temporal's history.
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from vendors.routes import RouteError, RouteTable, VendorMode, load_table
 
 STATE_DIR = Path(".ledgerflow")
 STACK_FILE = STATE_DIR / "stack.json"
@@ -34,18 +37,47 @@ class Settings(BaseSettings):
     vendor_api_key: SecretStr = SecretStr("sim-vendor-key")
     llm_api_key: SecretStr = SecretStr("sim-llm-key")
     artifact_dir: Path = Field(default=STATE_DIR / "artifacts")
+    # Where artifacts live: None → the local directory above; ``s3://bucket/prefix`` → an S3-compatible
+    # store shared by workers on several hosts (endpoint and keys from AWS_ENDPOINT_URL or
+    # LEDGERFLOW_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    artifact_store: str | None = None
+    # A route paused by a credentials error is tried again this often (until a person resumes it).
+    route_pause_retry_seconds: float = Field(default=30.0, gt=0)
     state_dir: Path = STATE_DIR
     # Price of inference tokens, in currency units per 1k tokens (LLM decision and review calls).
     llm_price_per_1k_tokens: str = "0.002"
     poll_interval_seconds: float = 0.05
-    # What the vendor can do after a crash: idempotent (same key → same job), lookup_only, or none.
-    vendor_mode: str = "idempotent"
+    # What the vendor can do after a crash: idempotent (same key → same job), lookup_only, or none. Applies to
+    # the built-in route table only; a route file sets each route's mode.
+    vendor_mode: VendorMode = VendorMode.IDEMPOTENT
+    # The route table (vendors/routes.py): which adapter and vendor serve each executor. None: built in.
+    routes_file: Path | None = None
     # How long a worker may go silent before Temporal gives its activity to another worker.
     heartbeat_timeout_seconds: float = 30.0
     # Approver name -> signing key, as a JSON object (env LEDGERFLOW_APPROVER_KEYS). A person's decision must
     # be signed with their key (rules.people.sign); the worker verifies it inside the people.record activity.
     # The default holds the demo's two approvers only.
     approver_keys: SecretStr = SecretStr(DEMO_APPROVER_KEYS)
+
+    def route_table(self) -> RouteTable:
+        """This deployment's routes. ConfigError (one line) if the route file is unusable."""
+        try:
+            return load_table(self.routes_file, mode=self.vendor_mode)
+        except RouteError as e:
+            raise ConfigError(str(e)) from None
+
+    def credential(self, env_name: str) -> str:
+        """The secret a route's ``credential_env`` names. Read inside the worker only, never passed on."""
+        known = {"LEDGERFLOW_VENDOR_API_KEY": self.vendor_api_key, "LEDGERFLOW_LLM_API_KEY": self.llm_api_key}
+        if env_name in known:
+            return known[env_name].get_secret_value()
+        value = os.environ.get(env_name)
+        if not value:
+            raise ConfigError(f"the credential variable {env_name} (named by a route) is not set")
+        return value
+
+    def store_location(self) -> str:
+        return self.artifact_store or str(self.artifact_dir)
 
     def stack(self) -> dict[str, object]:
         path = self.state_dir / "stack.json"

@@ -32,6 +32,7 @@ from ledgerflow import stack
 from ledgerflow.config import Settings
 from ledgerflow.faults import POINTS
 from rules.events import parse
+from rules.keys import is_result_key
 from rules.projection import fold
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
@@ -250,7 +251,7 @@ async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: li
         events = rec.read_events(tid)
         p = fold(events)
         report.completed += p.state.value == "Completed"
-        resolved = {e.operation_key for e in events if e.dedup_key.endswith(":result")}
+        resolved = {e.operation_key for e in events if is_result_key(e.dedup_key)}
         for e in events:
             if e.type == "Intent" and e.operation_key and e.payload["action"]["kind"] == "Dispatch":
                 report.orphaned_intents += e.operation_key not in resolved

@@ -1,84 +1,179 @@
-"""What to do with an operation whose INTENT has no result yet (design.md §7), before anything is sent.
+"""What an operation whose INTENT has no result does next (design.md §7), decided before anything is sent.
 
-An executor reaches an open operation in three ways: its first attempt, a Temporal retry (the worker died or
-the vendor call failed), or a takeover (a new run resumed the task from the ledger). Only the ledger and the
-vendor know how far the operation got, so the decision is made from them, never from local memory:
+An executor reaches an open operation on its first attempt, on a Temporal retry (the worker died, the vendor
+failed), on a takeover (a new run resumed the task from the ledger) and when a task ends with the operation
+in flight. Only the ledger and the vendor know how far it got, so the decision is made from them, never from
+local memory. The ledger knows, per operation: the job id (Progress, or the heartbeat of a retry), every
+*send* (a ``submitting`` marker written just before each submit, with the client's timeout) and every send
+the vendor *refused* (a ``refused`` marker: a 429, 408, 401 … proves nothing was accepted).
 
-* a job id is known (heartbeat detail or a Progress event) → resume polling that job;
-* the vendor honours idempotency keys → submit again under the same key: the vendor returns the existing job
-  and charges nothing new, so a resubmission *is* the lookup;
-* the operation never reached the vendor (no ``submitting`` marker) → submit;
-* the vendor can look jobs up by key → found: adopt it; provably absent: void the INTENT (the loop decides
-  afresh, under a new OperationKey);
-* the vendor can do neither → the outcome is unknown: a person decides, and the possible duplicate charge
-  is flagged as a cost anomaly. Never a blind resubmit.
+* A job id on record always wins: resume that job (in every mode).
+* No send that may have landed (none, or every one refused): submit.
+* The vendor deduplicates on the key and still remembers it (the first send is younger than the route's
+  ``key_retention``): submit again under the same key; the resubmission *is* the lookup.
+* Otherwise, if the vendor can look the key up: found → resume it; not found → that is proof of absence
+  only once no send can land any more (its ``recorded_at + timeout_s + max_accept_seconds`` has passed): then
+  void the INTENT (the loop decides afresh under a new key); before that, wait and look again.
+* The vendor can do neither: the outcome is unknown. A person decides; the operation is counted at its
+  estimate with a cost anomaly (a charge that may have happened is never lost, never counted as zero).
+
+``next_step`` is the pure decision; ``reconcile`` runs it, looking the key up where the decision needs it.
+``stop_step`` is the same reasoning for an operation that must end now (its task ended): it never submits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from rules.envelope import StoredEvent
+from rules.events import MarkerKind
+from rules.keys import is_result_key
+from vendors.adapter import Capabilities, VendorAdapter, VendorJob, mode_of
 from vendors.errors import VendorCannotTell
-from vendors.http import HttpJobVendor, VendorJob
-
-
-class VendorMode(StrEnum):
-    """What the vendor can do for us after a crash."""
-
-    IDEMPOTENT = "idempotent"  # same key → same job, no new charge (and lookup)
-    LOOKUP_ONLY = "lookup_only"  # no deduplication, but jobs can be found by key
-    NONE = "none"  # neither: after a crash the vendor cannot say whether it ran
+from vendors.routes import RouteSpec, VendorMode
 
 
 class Next(StrEnum):
-    RESUME = "resume"
-    SUBMIT = "submit"
-    VOID = "void"
-    UNKNOWN = "unknown"
+    RESUME = "resume"  # poll (or settle) this job
+    SUBMIT = "submit"  # send the request (again, under the same key)
+    LOOKUP = "lookup"  # ask the vendor for jobs under the key (``reconcile`` does it)
+    VOID = "void"  # provably never reached the vendor: resolve as void, nothing spent
+    UNKNOWN = "unknown"  # nobody can tell: estimate + cost anomaly, a person decides
+    WAIT = "wait"  # not provable yet: look again after ``wait_s``
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    n: int
+    at: datetime  # recorded_at of the marker: the database's clock, before the request left
+    timeout_s: float
 
 
 @dataclass(frozen=True)
 class OperationState:
-    """How far the ledger says an operation got."""
+    """How far the ledger says an operation got, read at ``now`` (the database's clock)."""
 
     result: StoredEvent | None
     job_id: str | None
-    submitting: bool  # a submit may have been sent (the marker is written just before the call)
+    sends: tuple[Send, ...]
+    refused: frozenset[int]
+    now: datetime
+
+    @property
+    def maybe_sent(self) -> tuple[Send, ...]:
+        """Sends the vendor did not refuse: any of them may have created (and charged) a job."""
+        return tuple(s for s in self.sends if s.n not in self.refused)
+
+    @property
+    def next_send(self) -> int:
+        return max((s.n for s in self.sends), default=0) + 1
+
+    def provable_at(self, route: RouteSpec) -> datetime | None:
+        """When "not found by key" becomes proof of absence: no maybe-sent request can land after it."""
+        sends = self.maybe_sent
+        if not sends:
+            return None
+        latest = max(s.at + timedelta(seconds=s.timeout_s) for s in sends)
+        return latest + timedelta(seconds=route.max_accept_seconds)
 
 
-def operation_state(events: list[StoredEvent]) -> OperationState:
-    result = next((e for e in events if e.dedup_key.endswith(":result")), None)
+def operation_state(events: list[StoredEvent], now: datetime) -> OperationState:
+    """Fold one operation's events (all carrying its OperationKey) into what reconciliation needs."""
+    result = next((e for e in events if is_result_key(e.dedup_key)), None)
     job_id = next((str(e.payload["job_id"]) for e in reversed(events) if e.type == "Progress"), None)
-    submitting = any(e.type == "SystemMarker" and e.payload.get("kind") == "submitting" for e in events)
-    return OperationState(result=result, job_id=job_id, submitting=submitting)
+    sends: list[Send] = []
+    refused: set[int] = set()
+    for e in events:
+        if e.type != "SystemMarker":
+            continue
+        kind, n = e.payload.get("kind"), e.payload.get("send")
+        if kind == MarkerKind.SUBMITTING:
+            # Markers written before sends were numbered count as send 0, with no known timeout: the longest
+            # a request could take is then the route's acceptance window alone.
+            sends.append(Send(int(n or 0), e.recorded_at, float(e.payload.get("timeout_s") or 0.0)))
+        elif kind == MarkerKind.REFUSED and n is not None:
+            refused.add(int(n))
+    return OperationState(result, job_id, tuple(sends), frozenset(refused), now)
 
 
-@dataclass(frozen=True)
-class Resolution:
+@dataclass(frozen=True, slots=True)
+class Step:
     next: Next
-    job: VendorJob | None = None
+    job_id: str | None = None
     why: str = ""
+    wait_s: float = 0.0
+    job: VendorJob | None = None  # a job found by the lookup
+
+
+def next_step(state: OperationState, route: RouteSpec, caps: Capabilities, heartbeat_job: str | None) -> Step:
+    """The pure decision for an executor about to act (see the module doc)."""
+    known = heartbeat_job or state.job_id
+    if known is not None:
+        return Step(Next.RESUME, known, "job id on record")
+    if not state.maybe_sent:
+        return Step(Next.SUBMIT, why="never sent" if not state.sends else "every send was refused")
+    if caps.free:
+        return Step(Next.SUBMIT, why="redoing it costs nothing")
+    mode = mode_of(route, caps)
+    first = min(s.at for s in state.maybe_sent)
+    age = (state.now - first).total_seconds()
+    if mode == VendorMode.IDEMPOTENT and age < route.key_retention:
+        return Step(Next.SUBMIT, why="the vendor deduplicates on the key")
+    if caps.can_lookup:
+        why = "key older than the vendor's retention" if mode == VendorMode.IDEMPOTENT else "maybe sent"
+        return Step(Next.LOOKUP, why=why)
+    if mode == VendorMode.IDEMPOTENT:
+        return Step(
+            Next.UNKNOWN, why=f"the key is {age:.0f}s old, past the vendor's retention, and no lookup"
+        )
+    return Step(Next.UNKNOWN, why="the vendor can neither deduplicate nor look up")
+
+
+def stop_step(state: OperationState, route: RouteSpec, caps: Capabilities, heartbeat_job: str | None) -> Step:
+    """The decision for an operation that must end now (its task ended): never a submit."""
+    known = heartbeat_job or state.job_id
+    if known is not None:
+        return Step(Next.RESUME, known, "job id on record: cancel it")
+    if not state.maybe_sent or caps.free:
+        return Step(
+            Next.VOID, why="never reached the vendor" if not caps.free else "no vendor money involved"
+        )
+    if caps.can_lookup:
+        return Step(Next.LOOKUP, why="maybe sent")
+    return Step(Next.UNKNOWN, why="maybe sent, and the vendor cannot look the key up")
+
+
+def after_lookup(state: OperationState, route: RouteSpec, found: list[VendorJob]) -> Step:
+    """What a lookup by key proves: found → resume it; absent → void, once no send can land any more."""
+    if found:
+        return Step(Next.RESUME, found[0].id, "found at the vendor by key", job=found[0])
+    provable = state.provable_at(route)
+    if provable is None or state.now >= provable:
+        return Step(Next.VOID, why="provably not at the vendor (no send can land any more)")
+    wait = (provable - state.now).total_seconds()
+    return Step(Next.WAIT, why=f"not found by key yet; a send may still land for {wait:.1f}s", wait_s=wait)
 
 
 async def reconcile(
-    vendor: HttpJobVendor, mode: VendorMode, operation_key: str, state: OperationState, job_id: str | None
-) -> Resolution:
-    """Decide how an open operation continues. ``job_id`` is the heartbeat's, if this is a retry."""
-    known = job_id or state.job_id
-    if known is not None:
-        return Resolution(Next.RESUME, await vendor.get(known), "job id on record")
-    if mode == VendorMode.IDEMPOTENT:
-        return Resolution(Next.SUBMIT, why="the vendor deduplicates on the key")
-    if not state.submitting:
-        return Resolution(Next.SUBMIT, why="never sent to the vendor")
-    if mode == VendorMode.LOOKUP_ONLY:
-        try:
-            jobs = await vendor.find_by_key(operation_key)
-        except VendorCannotTell:
-            return Resolution(Next.UNKNOWN, why="the vendor could not look the key up")
-        if jobs:
-            return Resolution(Next.RESUME, jobs[0], "found at the vendor by key")
-        return Resolution(Next.VOID, why="provably not at the vendor")
-    return Resolution(Next.UNKNOWN, why="the vendor can neither deduplicate nor look up")
+    adapter: VendorAdapter,
+    route: RouteSpec,
+    state: OperationState,
+    operation_key: str,
+    heartbeat_job: str | None,
+    *,
+    stopping: bool = False,
+) -> Step:
+    """Decide how an open operation continues, looking its key up at the vendor if that is what it takes."""
+    caps = adapter.capabilities
+    decide = stop_step if stopping else next_step
+    step = decide(state, route, caps, heartbeat_job)
+    if step.next != Next.LOOKUP:
+        return step
+    since = min(s.at for s in state.maybe_sent) - timedelta(minutes=5)
+    try:
+        found = await adapter.find_by_key(operation_key, since=since)
+    except VendorCannotTell:
+        return Step(Next.UNKNOWN, why="the vendor could not look the key up")
+    return after_lookup(state, route, found)

@@ -64,8 +64,12 @@ class Dispatch(_Action):
     estimate: Decimal = Field(ge=0)
     reason: str = ""
     # Exactly what the vendor will be sent, fixed at decision time: a resubmission after a crash or a takeover
-    # sends the same body under the same key (an idempotent vendor refuses a different one).
+    # sends the same body under the same key (an idempotent vendor refuses a different one). Upstream outputs
+    # ride in ``input["inputs"]`` as artifact references (rules.inputs), never as fetchable URLs.
     input: dict[str, Any] = Field(default_factory=dict)
+    input_hash: str | None = None  # rules.inputs.input_hash(input): what the request really asks
+    # An earlier output of this node made from an equal request: registered again at no cost, nothing sent.
+    reuse: dict[str, Any] | None = None  # {"operation_key": …, "artifact": {…}}
 
 
 class Rollback(_Action):

@@ -147,6 +147,20 @@ def media_problems(spec: OutputSpec, media: Media) -> list[str]:
     return problems
 
 
+def claim_disagrees(found: Media, claimed: Media) -> list[str]:
+    """How the vendor's claim about a file differs from what the file is (empty if it does not)."""
+    out = []
+    if claimed.format and found.format and claimed.format.lower() != found.format.lower():
+        out.append(f"format {claimed.format} claimed, {found.format} found")
+    said_s, real_s = claimed.duration_s, found.duration_s
+    if said_s is not None and real_s is not None and abs(said_s - real_s) > max(0.1, 0.02 * real_s):
+        out.append(f"duration {said_s:g}s claimed, {real_s:g}s found")
+    for side, said, real in (("width", claimed.width, found.width), ("height", claimed.height, found.height)):
+        if said is not None and real is not None and said != real:
+            out.append(f"{side} {said} claimed, {real} found")
+    return out
+
+
 def output_problems(spec: OutputSpec | None, media: Media | None) -> list[str]:
     """A stage's node check on one arriving artifact: how it misses the stage's ``output`` bounds, if it does.
 

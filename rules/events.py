@@ -6,6 +6,7 @@ The schema evolves append-only: new fields are optional with defaults; a breakin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -33,6 +34,11 @@ class MarkerKind(StrEnum):
 
     VOID = "void"  # an INTENT provably never reached the vendor
     SUBMITTING = "submitting"  # write-ahead: a submit under this key is about to be sent
+    REFUSED = "refused"  # the vendor refused that submit before accepting anything: it was not sent after all
+    LATE_CHARGE = "late_charge"  # a job the vendor created after its operation was resolved: its charge
+    ARTIFACT_LOST = (
+        "artifact_lost"  # a node's output (sha256 in ``detail``) is missing or corrupt in the store
+    )
     TIMEOUT = "timeout"  # a human request passed its deadline
     STALL = "stall"
     LEASE = "lease"
@@ -60,6 +66,8 @@ class Media(BaseModel, frozen=True):
     width: int | None = None
     height: int | None = None
     rights: dict[str, str] | None = None
+    codec: str | None = None  # probed from the file
+    frames: int | None = None  # probed: video frames actually decoded
 
 
 class ArtifactRef(BaseModel, frozen=True):
@@ -68,7 +76,8 @@ class ArtifactRef(BaseModel, frozen=True):
     uri: str
     sha256: str
     size: int = 0
-    media: Media | None = None  # optional with a default: artifacts recorded before it still parse
+    media: Media | None = None  # what the file is (probed, for media); optional: older records still parse
+    claimed: Media | None = None  # what the vendor said, kept only where it disagrees with the file
 
 
 class _Event(BaseModel):
@@ -125,6 +134,8 @@ class Outcome(_Event):
     job_id: str | None = None
     artifact: ArtifactRef
     actual_cost: Decimal
+    input_hash: str | None = None  # the request's input hash (rules.inputs): equal hash, reusable output
+    reused_from: str | None = None  # the OperationKey whose output this reuses (nothing was sent, cost 0)
 
 
 class ExecutionResult(_Event):
@@ -167,6 +178,12 @@ class SystemMarker(_Event):
     operation_key: str | None = None
     request_id: str | None = None
     detail: str = ""
+    # ``submitting``: which send this is (1, 2 …) and the client's timeout for it; the send may still create a
+    # job until ``recorded_at + timeout_s + the route's max_accept_seconds`` (reconcile.operations).
+    send: int | None = None
+    timeout_s: float | None = None
+    # ``late_charge``: what the vendor charged for the late job (spent on every budget scope).
+    amount: Decimal | None = None
 
 
 class HumanDecision(_Event):
@@ -279,3 +296,15 @@ def to_new(event: _Event, dedup_key: str, operation_key: str | None = None) -> N
         schema_version=event.SCHEMA,
         payload=payload,
     )
+
+
+def vendor_spend(events: Iterable[StoredEvent]) -> Decimal:
+    """What the ledger says was paid to vendors for these events: every operation's recorded cost (Outcome
+    and Failure) and every late charge. The figure money checks hold against the vendor's own billing."""
+    total = Decimal(0)
+    for e in events:
+        if e.type in ("Outcome", "Failure"):
+            total += Decimal(str(e.payload.get("actual_cost", "0")))
+        elif e.type == "SystemMarker" and e.payload.get("kind") == MarkerKind.LATE_CHARGE:
+            total += Decimal(str(e.payload.get("amount") or "0"))
+    return total

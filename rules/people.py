@@ -36,13 +36,14 @@ from rules.events import (
     SystemMarker,
     parse,
 )
-from rules.plan import COMPOSE, REVIEW, ApprovalPolicy, Value, parse_amount
+from rules.keys import rejected_key, resolution_key
+from rules.money import parse_amount
+from rules.plan import COMPOSE, REVIEW, ApprovalPolicy, Value
 from rules.projection import Projection, RequestView
 
 # ── signing ──────────────────────────────────────────────────────────────────────────────────────────
 
 FIELDS: Final = ("decision_id", "request_id", "decision", "approver", "note", "amount", "signature")
-MONEY_DECIMALS: Final = 6  # the ledger's accounts are numeric(20, 6): finer amounts are refused, not rounded
 MAX_NOTE: Final = 2000
 MAX_ERROR_SHOWN: Final = 1000  # per failure in a context package
 MAX_FAILURES_SHOWN: Final = 50  # for a task-level request (no node): the most recent ones
@@ -82,15 +83,6 @@ def sign(
     """HMAC-SHA256 of :func:`canonical` with the approver's key, as lowercase hex."""
     message = canonical(task_id, decision_id, request_id, decision, approver, amount, note)
     return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
-
-
-def resolution_key(task_id: str, request_id: str) -> str:
-    """The one dedup key of a request's resolution: a person's decision and the timeout marker share it."""
-    return f"{task_id}:resolution:{request_id}"
-
-
-def rejection_key(task_id: str, decision_ref: str) -> str:
-    return f"{task_id}:rejected:{decision_ref}"
 
 
 def decision_ref(raw: Any) -> str:
@@ -192,12 +184,10 @@ def _json_type(value: Any) -> str:
 
 
 def parse_money(text: str) -> Decimal:
-    """An add_budget amount: positive, at most MAX_AMOUNT, at most six decimals. ValueError says why."""
+    """An add_budget amount: positive money (rules.money.parse_amount). ValueError says why."""
     amount = parse_amount(text)
     if amount <= 0:
         raise ValueError(f"must be positive, got {amount}")
-    if amount != amount.quantize(Decimal(1).scaleb(-MONEY_DECIMALS)):
-        raise ValueError(f"must have at most {MONEY_DECIMALS} decimal places")
     return amount
 
 
@@ -232,7 +222,7 @@ class Ruling:
         )
 
     def marker_key(self) -> str:
-        return rejection_key(self.task_id, self.ref)
+        return rejected_key(self.task_id, self.ref)
 
 
 def allowed_approvers(policy: ApprovalPolicy, kind: RequestKind) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
@@ -24,10 +24,12 @@ from pydantic import (
     model_validator,
 )
 
+from rules.inputs import check_inputs
+from rules.money import Amount
+
 ID_PATTERN: Final = r"[A-Za-z0-9_.-]{1,64}"  # matched with fullmatch: "$" would accept a trailing newline
 _ID_RE: Final = re.compile(ID_PATTERN)
 _FORMAT_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,15}")
-MAX_AMOUNT: Final = Decimal("1000000000")  # one billion: anything larger is a typo or an attack
 MAX_FAN_OUT: Final = 500
 MAX_STAGES: Final = 200
 # What admission sets aside for inference not yet paid for (one LLM decision or review call), so a dispatch
@@ -44,33 +46,6 @@ MAX_MEDIA_SECONDS: Final = 366 * 86400.0
 
 class PlanError(ValueError):
     """A plan was refused. The message is one line meant for the person who wrote the plan."""
-
-
-def parse_amount(value: Any) -> Decimal:
-    """An amount of money: a finite, non-negative number no larger than MAX_AMOUNT.
-
-    Booleans and floats' binary noise are refused/normalised: floats are read through their shortest repr.
-    """
-    if isinstance(value, bool) or value is None:
-        raise ValueError("must be a number")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        value = repr(value)
-    if isinstance(value, int | str | Decimal):
-        try:
-            amount = Decimal(str(value).strip())
-        except InvalidOperation:
-            raise ValueError(f"must be a number, got {str(value)[:40]!r}") from None
-    else:
-        raise ValueError(f"must be a number, got {type(value).__name__}")
-    if not amount.is_finite():
-        raise ValueError("must be a finite number")
-    if amount < 0:
-        raise ValueError(f"must not be negative, got {amount}")
-    if amount > MAX_AMOUNT:
-        raise ValueError(f"must be at most {MAX_AMOUNT}, got {amount:.3E}")
-    return amount
 
 
 _DURATION_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -136,7 +111,6 @@ def _check_term(value: Any) -> str:
     return value.strip().lower()  # matched case-insensitively
 
 
-Amount = Annotated[Decimal, BeforeValidator(parse_amount)]
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Ident = Annotated[str, BeforeValidator(_check_id)]
 FormatName = Annotated[str, BeforeValidator(_check_format)]
@@ -225,6 +199,9 @@ class Stage(_Strict):
     stall_after: Seconds = 600.0  # no progress for this long: the watchdog cancels the job at the vendor
     input: dict[str, Any] = Field(default_factory=dict)
     output: OutputSpec | None = None
+    # Data inputs by name: an upstream stage (item to item between fan-outs of one width), or a list of them
+    # (every output, in order). None: each direct dependency's output under its id (rules.inputs).
+    inputs: dict[Ident, Ident | tuple[Ident, ...]] | None = Field(default=None, max_length=50)
 
     @model_validator(mode="after")
     def _fan_out_bounds(self) -> Stage:
@@ -247,6 +224,13 @@ class Stage(_Strict):
         return self.fan_out
 
 
+class ComposeSpec(_Strict):
+    """What ``compose`` assembles into the episode: video stages in order, and one audio stage."""
+
+    video: tuple[Ident, ...] = Field(min_length=1, max_length=50)
+    audio: Ident | None = None
+
+
 class Plan(_Strict):
     """A validated plan. Build it with :func:`load_plan` or :func:`validate_plan`, not directly."""
 
@@ -263,6 +247,11 @@ class Plan(_Strict):
     soft_limit: float = Field(default=0.8, gt=0, le=1)
     approval: ApprovalPolicy = ApprovalPolicy()
     review: ReviewConfig = ReviewConfig()
+    # None: compose records a manifest of every output. Set: it really assembles the video (media.assemble).
+    compose: ComposeSpec | None = None
+    # Which earlier outputs an unchanged request may reuse instead of paying again: this task's own ("task"),
+    # or any earlier task's of the same project too ("project", opt-in: a resubmitted plan).
+    reuse: Literal["task", "project"] = "task"
     stages: tuple[Stage, ...] = Field(min_length=1)
 
     def stage(self, stage_id: str) -> Stage:
@@ -276,7 +265,12 @@ class Plan(_Strict):
         business_ids = {s.id for s in self.stages}
         depended = {d for s in self.stages for d in s.depends_on}
         sinks = tuple(s.id for s in self.stages if s.id not in depended and s.id in business_ids)
-        compose = Stage(id=COMPOSE, executor=COMPOSE, depends_on=sinks, retries=2)
+        compose_inputs: dict[str, str | tuple[str, ...]] | None = None
+        if self.compose is not None:
+            compose_inputs = {"shots": self.compose.video}
+            if self.compose.audio is not None:
+                compose_inputs["audio"] = self.compose.audio
+        compose = Stage(id=COMPOSE, executor=COMPOSE, depends_on=sinks, retries=2, inputs=compose_inputs)
         review = Stage(
             id=REVIEW, executor=REVIEW, depends_on=(COMPOSE,), estimate=self.review.estimate, retries=2
         )
@@ -308,6 +302,7 @@ def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = 
     except ValidationError as e:
         raise PlanError(_describe(e, raw)) from None
     _check_graph(plan)
+    _check_data(plan)
     _check_routes(plan, routes)
     _check_budget(plan)
     return plan
@@ -359,6 +354,17 @@ def _check_graph(plan: Plan) -> None:
     cycle = find_cycle({s.id: s.depends_on for s in plan.stages})
     if cycle:
         raise PlanError(f"stage {cycle[0]!r}: dependency cycle {' -> '.join(cycle)}")
+
+
+def _check_data(plan: Plan) -> None:
+    problem = check_inputs(plan)
+    if problem is not None:
+        raise PlanError(problem)
+    if plan.compose is not None:
+        ids = {s.id for s in plan.stages}
+        for sid in (*plan.compose.video, *((plan.compose.audio,) if plan.compose.audio else ())):
+            if sid not in ids:
+                raise PlanError(f"stage 'compose': assembles unknown stage {sid!r}")
 
 
 def find_cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:

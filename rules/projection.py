@@ -80,6 +80,22 @@ class FailureInfo:
 
 
 @dataclass(slots=True)
+class OutputView:
+    """One registered output of a node, and whether it may still be reused for an equal request."""
+
+    operation_key: str
+    input_hash: str | None
+    artifact: dict[str, Any]
+    seq: int
+    flagged: bool = False  # a review blamed it: never reused
+    lost: bool = False  # its bytes were found missing or corrupt: never reused, never handed on
+
+    @property
+    def reusable(self) -> bool:
+        return self.input_hash is not None and not self.flagged and not self.lost
+
+
+@dataclass(slots=True)
 class NodeView:
     """What the ledger says about one node."""
 
@@ -106,6 +122,7 @@ class NodeView:
     rework_findings: tuple[str, ...] = ()
     rework_round: int = 0
     dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
+    outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
 
     @property
     def last_failure(self) -> FailureInfo | None:
@@ -255,6 +272,9 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                 node.artifact_seq = stored.seq
                 node.versions += 1
                 node.job_id = event.job_id or node.job_id
+                node.outputs.append(
+                    OutputView(event.operation_key, event.input_hash, node.artifact, stored.seq)
+                )
         case ExecutionResult():
             _apply_result(p, event, stored)
         case Progress():
@@ -288,8 +308,15 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                     view.status = NodeStatus.STALE
                     view.approved = False
                     view.round_base = view.attempts
-                    view.rework_findings = findings or (event.reason,)
-                    view.rework_round = event.round
+                    if n in event.flagged or n == REVIEW:
+                        # What the review said goes to what it blamed (and to the review itself, so its next
+                        # question is never the unchanged one). A node invalidated only because it is built on
+                        # a blamed one is asked the same thing with new inputs: its input hash tells whether
+                        # anything really changed.
+                        view.rework_findings = findings or (event.reason,)
+                        view.rework_round = event.round
+                    if n in event.flagged and view.outputs:
+                        view.outputs[-1].flagged = True  # a blamed output is never reused
             if p.review is not None:
                 p.review.handled = True
         case Escalation():
@@ -384,6 +411,17 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
             node.voided += 1  # it never reached the vendor: it does not count against the retries
     elif e.kind == MarkerKind.COST_ANOMALY:
         p.cost_anomalies += 1
+    elif e.kind == MarkerKind.ARTIFACT_LOST and e.node in p.nodes:
+        # The bytes of an output are gone or corrupt: never reuse it or hand it on; a node whose current
+        # output it is must make it again.
+        node = p.nodes[e.node]
+        for out in node.outputs:
+            if out.artifact.get("sha256") == e.detail:
+                out.lost = True
+        if node.status == NodeStatus.SUCCEEDED and node.artifact and node.artifact.get("sha256") == e.detail:
+            node.status = NodeStatus.STALE
+    elif e.kind == MarkerKind.LATE_CHARGE and e.amount is not None:
+        _spend(p, p.nodes.get(e.node) if e.node else None, e.amount)
 
 
 def _apply_human(p: Projection, e: HumanDecision) -> None:

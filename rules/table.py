@@ -29,6 +29,8 @@ from rules.actions import (
 )
 from rules.admission import admits
 from rules.events import FailureKind, Verdict
+from rules.inputs import input_hash, reference, sources
+from rules.keys import gate_key, operation_key
 from rules.people import context_package
 from rules.plan import REVIEW, TimeoutPolicy
 from rules.projection import NodeStatus, NodeView, Projection
@@ -45,11 +47,6 @@ class Rule:
     when: Callable[[Projection, datetime], bool]
     then: Callable[[Projection, datetime], Action]
     doc: str
-
-
-def operation_key(task_id: str, node: str, attempt: int) -> str:
-    """One external call's key: task, node and business attempt — never a Temporal run id."""
-    return f"{task_id}:{node}:a{attempt}"
 
 
 def escalate(p: Projection, reason: str, *, node: str | None = None) -> Escalate:
@@ -340,7 +337,7 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
         if (stage, version) not in p.gates:
             # One gate per stage and input version: the fan-out's nodes share their request and inputs.
             return StaticGate(
-                node=n.id, input_version=version, operation_key=f"{p.task_id}:{stage}:gate{version}"
+                node=n.id, input_version=version, operation_key=gate_key(p.task_id, stage, version)
             )
     reason = "rework" if n.status == NodeStatus.STALE else "first attempt" if n.attempts == 0 else "redo"
     return _dispatch_or_escalate(p, n, reason, now)
@@ -361,14 +358,23 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
             node=n.id,
         )
     attempt = n.attempts + 1
+    request = request_input(p, n)
+    digest = input_hash(request)
+    reuse = next((o for o in reversed(n.outputs) if o.reusable and o.input_hash == digest), None)
     return Dispatch(
         node=n.id,
         attempt=attempt,
         operation_key=operation_key(p.task_id, n.id, attempt),
         executor=stage.executor,
-        estimate=stage.estimate,
-        reason=reason,
-        input=request_input(p, n),
+        # A reuse sends nothing and costs nothing; if its bytes turn out to be gone, the attempt is voided and
+        # the next one is a real dispatch, admitted at the stage's estimate.
+        estimate=Decimal(0) if reuse is not None else stage.estimate,
+        reason=f"{reason}; reusing {reuse.operation_key} (same input hash)" if reuse is not None else reason,
+        input=request,
+        input_hash=digest,
+        reuse={"operation_key": reuse.operation_key, "artifact": reuse.artifact}
+        if reuse is not None
+        else None,
     )
 
 
@@ -382,6 +388,9 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
     request: dict[str, Any] = dict(spec.stage.input)
     if spec.item is not None:
         request["item"] = spec.item
+    inputs = {name: _refs(p, src) for name, src in sources(p.graph, spec).items()}
+    if any(v for v in inputs.values()):
+        request["inputs"] = inputs
     feedback: dict[str, Any] = {}
     if n.rework_findings:  # every attempt of the round, a retry after a technical failure too
         feedback["review_findings"] = list(n.rework_findings)
@@ -393,6 +402,14 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
     if feedback:
         request["feedback"] = feedback
     return request
+
+
+def _refs(p: Projection, src: str | list[str]) -> dict[str, Any] | list[dict[str, Any]] | None:
+    """The artifact reference(s) of the producing node(s); None for a producer with no artifact."""
+    if isinstance(src, list):
+        return [r for s in src if (r := _refs(p, s)) is not None and isinstance(r, dict)]
+    view = p.nodes[src]
+    return reference(src, view.artifact, view.artifact_seq) if view.artifact else None
 
 
 # ── the table ─────────────────────────────────────────────────────────────────────────────────────

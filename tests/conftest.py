@@ -33,9 +33,9 @@ from temporalio.testing import WorkflowEnvironment
 from ledger.recorder import Recorder
 from ledgerflow import pg
 from ledgerflow.config import Settings
-from ledgerflow.routes import DEFAULT_ROUTES
 from ledgerflow.stack import TEMPORAL_PRAGMAS
 from rules.plan import Plan, load_plan
+from vendors.routes import DEFAULT_ROUTES
 from vendors.simulator import BackgroundSimulator, SimConfig
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
 

@@ -1,8 +1,14 @@
-"""Errors raised by vendor adapters, classified by what the caller may safely do next.
+"""Errors raised by vendor adapters, classified by what is known about the request that failed.
 
-The adapter never retries: Temporal's activity retry policy does. These types exist so that policy (and the
-reconciler) can tell "retry later", "look the job up before resubmitting" and "give up" apart. Messages never
-contain the API key, because Temporal stores exception messages in workflow history.
+The adapter never retries: Temporal's activity retry policy does, and the operation lifecycle decides what an
+error means for the operation (``activities/boundary.py``). Two facts matter and every type states them:
+
+* ``refused``: the vendor answered in a way that proves it did not accept the request (429, 408, 401, 403,
+  400, 422 …): nothing was created, nothing charged. A refused submit clears the "maybe sent" state.
+* everything else after a submit (a timeout, a reset connection, a 5xx, a 409, an unreadable 2xx) may have
+  been accepted and charged: the operation must be reconciled before anything is sent again.
+
+Messages never contain the API key, because Temporal stores exception messages in workflow history.
 """
 
 from __future__ import annotations
@@ -11,21 +17,25 @@ from __future__ import annotations
 class VendorError(Exception):
     """Base class of every error a vendor adapter raises."""
 
+    refused = False  # True: the vendor provably did not accept this request
+
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
 
 
 class VendorUnavailable(VendorError):
-    """A 5xx answer, a refused connection or a timeout.
+    """A 5xx answer, a refused or reset connection, or a timeout: the outcome of the request is unknown.
 
-    The outcome of the request is unknown: a submit may have been accepted and charged even though no job came
-    back (a dropped response). Look the job up by its operation key before submitting again.
+    A submit may have been accepted and charged even though no job came back (a dropped response, or a job the
+    vendor creates after the client gave up): reconcile before submitting again.
     """
 
 
 class VendorRateLimited(VendorError):
     """A 429 answer: nothing was accepted or charged; try again after ``retry_after`` seconds."""
+
+    refused = True
 
     def __init__(self, retry_after: float, message: str | None = None) -> None:
         super().__init__(
@@ -34,20 +44,45 @@ class VendorRateLimited(VendorError):
         self.retry_after = retry_after
 
 
+class VendorRequestTimeout(VendorError):
+    """A 408 answer: the vendor gave up reading the request; nothing was accepted. Retry."""
+
+    refused = True
+
+
+class VendorAuthError(VendorError):
+    """A 401 or 403 answer: the credential is wrong, expired or rotated. The route pauses for a person.
+
+    Nothing this request asked for was done; a job accepted earlier keeps running (and its charge stands).
+    """
+
+    refused = True
+
+
 class VendorRejected(VendorError):
-    """A 4xx answer other than 429: the request itself is wrong, so repeating it cannot help."""
+    """A 4xx answer that refuses the request itself (400, 422 …): repeating it unchanged cannot help."""
+
+    refused = True
 
 
-class VendorNotFound(VendorRejected):
-    """A 404 answer: the vendor has no such job."""
+class VendorNotFound(VendorError):
+    """A 404 or 410: the vendor has no such job or output (any more: outputs and records get purged)."""
 
 
-class VendorConflict(VendorRejected):
-    """A 409 answer: the operation key was already used with a different request body."""
+class VendorConflict(VendorError):
+    """A 409: the key is already in use (another body, or a request still in flight): a job may exist."""
+
+
+class VendorBadResponse(VendorError):
+    """A 2xx whose body is not what the protocol promises: the request may well have been accepted."""
 
 
 class VendorCannotTell(VendorError):
-    """The vendor cannot look jobs up by operation key (501), so a lost submit cannot be reconciled."""
+    """The vendor cannot look jobs up by operation key (501, or an adapter without lookup)."""
+
+
+class UnsafeResultUrl(VendorError):
+    """A result URL that cannot be parsed or is not http(s): it is never fetched (nor sent a credential)."""
 
 
 class VendorWaitTimeout(VendorError):

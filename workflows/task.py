@@ -24,8 +24,17 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
     # passing them through keeps pydantic's model classes identical inside and outside the sandbox.
+    from activities.boundary import NON_RETRYABLE as EXECUTOR_NON_RETRYABLE
+    from activities.boundary import STALE_EPOCH, error_type
     from activities.ledger import NON_RETRYABLE, AppendInput, MarkInput, OpenTaskInput, ReadInput
-    from activities.models import GateInput, LlmDecideInput, RecordDecisionInput, StageInput
+    from activities.models import (
+        CloseInput,
+        GateInput,
+        LlmDecideInput,
+        RecordDecisionInput,
+        StageInput,
+        SweepInput,
+    )
     from rules.actions import (
         Action,
         Dispatch,
@@ -37,16 +46,14 @@ with workflow.unsafe.imports_passed_through():
     from rules.envelope import NewEvent, StoredEvent
     from rules.events import (
         Escalation,
-        Failure,
-        FailureKind,
         Intent,
         MarkerKind,
         RollbackDone,
         SystemMarker,
         to_new,
     )
+    from rules.keys import effect_key, intent_key, resolution_key
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
-    from rules.people import resolution_key
     from rules.plan import Plan
     from rules.projection import Projection, apply, fold, summary
     from rules.table import budget_refused, decide
@@ -67,7 +74,18 @@ STAGE_RETRY = RetryPolicy(
     # expire) cost a task seconds, not minutes.
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=0,
-    non_retryable_error_types=["VendorConflict", "VendorRejected", "StaleEpoch"],
+    # Built from the classes (activities.boundary): a fenced-off run, or a bug no retry can fix.
+    non_retryable_error_types=EXECUTOR_NON_RETRYABLE,
+)
+# Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
+# cancels and records, and it may have to wait until a maybe-sent request is provably absent.
+CLOSE_TIMEOUT = timedelta(minutes=10)
+CLOSE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=0,
+    non_retryable_error_types=[STALE_EPOCH],
 )
 # The fallback planner is asked a few times at most: an outage (retries exhausted on LlmUnavailable) or a
 # refused request (LlmRejected, not retried) suspends the task for a person instead of failing the workflow.
@@ -79,8 +97,6 @@ LLM_RETRY = RetryPolicy(
     maximum_attempts=3,
     non_retryable_error_types=["LlmRejected"],
 )
-# What an executor's unfixable error means for the rules.
-_GAVE_UP = {"VendorRejected": FailureKind.CONTENT, "VendorConflict": FailureKind.UNKNOWN_OUTCOME}
 
 
 class TaskInput(BaseModel):
@@ -164,43 +180,59 @@ class TaskWorkflow:
             self._act(p, recorded)
         alarm.cancel()
         await self._stop_in_flight(p)
+        if any(n.voided for n in p.nodes.values()):
+            # A voided operation was proven absent at the vendor; a job created for its key even later still
+            # cost money: look for it once more before the task's books close.
+            sweep = SweepInput(task_id=p.task_id)
+            await workflow.execute_activity(
+                "operation.sweep", sweep, start_to_close_timeout=CLOSE_TIMEOUT, retry_policy=CLOSE_RETRY
+            )
+            self._apply(p, await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark)))
         # Decisions signalled while the task was ending are recorded too (rejected: the request is closed), so
         # every one of them is in the audit trail.
         await self._take_decisions(p)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
 
     async def _stop_in_flight(self, p: Projection) -> None:
-        """A terminal task (R1/R2/R4) stops its in-flight work and waits until every operation is resolved.
+        """A terminal task (R1/R2/R4) stops its in-flight work, and every operation gets its one result.
 
-        Each executor activity is asked to cancel; the cancellation reaches it with its next heartbeat, and a
-        paid executor then cancels its vendor job and records the operation's one result at what it actually
-        cost, settling its reservation on every budget scope. The loop reads the ledger until every in-flight
-        operation has its result, for at most two heartbeat timeouts (a live executor answers within one);
-        an operation still open then (its worker is gone) gets a failure releasing its reservation. Nothing
-        is left reserved once the task has ended.
+        Each executor activity is asked to cancel (its cancellation reaches it with its next heartbeat; a paid
+        executor then cancels its vendor job and records what it cost). Every operation still open is then
+        closed by ``operation.close``, from the record and the vendor: a known job is cancelled and counted at
+        what it cost, a maybe-sent request is looked up (or counted at its estimate with a cost anomaly), an
+        operation that never reached the vendor is voided. Nothing is written off at zero, and no reservation
+        outlives the task. A result an executor wrote first stands: every write is the operation's one result.
 
         The activities are scheduled with the default cancellation type (try-cancel) on purpose: waiting for
         each cancellation to complete (WAIT_CANCELLATION_COMPLETED) added ~160 ms to every task's latency in
         ``make bench``, although only a task that ends with work in flight needs to wait.
         """
-        if not self._running:
+        if not self._running and not p.in_flight():
             return
         self._stopping = True
-        in_flight = {n.operation_key: (n.id, n.reserved) for n in p.in_flight() if n.operation_key}
         for handle in list(self._activities.values()):
             handle.cancel()
         await workflow.wait_condition(lambda: not self._running)
-        deadline = workflow.now() + 2 * self._heartbeat_timeout
-        while True:
-            new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
-            self._apply(p, new)
-            open_ops = [op for op in in_flight if op in p.reservations]
-            if not open_ops or workflow.now() >= deadline:
-                break
-            await workflow.sleep(min(1.0, self._heartbeat_timeout.total_seconds() / 2))
-        for op in open_ops:
-            node, reserved = in_flight[op]
-            await self._gave_up(node, op, reserved, FailureKind.TECHNICAL, _cancelled(op))
+        await self._close_open(p)
+
+    async def _close_open(self, p: Projection) -> None:
+        """Close every operation of the task still open in the ledger (``operation.close``), then fold."""
+        open_ops = [n for n in p.in_flight() if n.operation_key and n.dispatch is not None]
+        if not open_ops:
+            return
+        await asyncio.gather(
+            *(self._close(n.id, n.operation_key, n.dispatch.executor, n.reserved) for n in open_ops)  # type: ignore[arg-type,union-attr]
+        )
+        new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+        self._apply(p, new)
+
+    async def _close(self, node: str, op_key: str, executor: str, estimate: Decimal) -> None:
+        close = CloseInput(
+            task_id=self._task_id, node=node, operation_key=op_key, executor=executor, estimate=estimate
+        )
+        await workflow.execute_activity(
+            "operation.close", close, start_to_close_timeout=CLOSE_TIMEOUT, retry_policy=CLOSE_RETRY
+        )
 
     # ── recording ────────────────────────────────────────────────────────────────────────────────────
     async def _record(
@@ -220,7 +252,7 @@ class TaskWorkflow:
             decided_at=decided_at or workflow.now(),
             reservation=reservation,
         )
-        key = f"{p.task_id}:intent:{p.watermark}:{p.intents + 1}"
+        key = intent_key(p.task_id, p.watermark, p.intents + 1)
         op_key = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
         events: list[NewEvent] = [to_new(intent, dedup_key=key, operation_key=op_key)]
         match action:
@@ -232,7 +264,7 @@ class TaskWorkflow:
                     round=action.round,
                     reason=action.reason,
                 )
-                events.append(to_new(effect, dedup_key=f"{key}:rollback"))
+                events.append(to_new(effect, dedup_key=effect_key(key, "rollback")))
             case Escalate():
                 esc = Escalation(
                     reason=action.reason,
@@ -240,7 +272,7 @@ class TaskWorkflow:
                     request_id=action.request.id if action.request else None,
                     resolves=action.resolves,
                 )
-                events.append(to_new(esc, dedup_key=f"{key}:escalation"))
+                events.append(to_new(esc, dedup_key=effect_key(key, "escalation")))
         append = AppendInput(
             task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark, reserve=reservation
         )
@@ -270,13 +302,13 @@ class TaskWorkflow:
             )
         except (ActivityError, ApplicationError) as e:
             # A local activity's failure arrives as the ApplicationError itself (no ActivityError wrapper).
-            cause = _application_error(e)
-            if cause is not None and cause.type == "BudgetRefused":
-                raise _BudgetRefused(cause.message) from e
-            if cause is not None and cause.type == "StaleEpoch":
+            kind = error_type(e)
+            if kind == "BudgetRefused":
+                raise _BudgetRefused(_error_text(e)) from e
+            if kind == STALE_EPOCH:
                 # Another run took this task over: this run must stop acting at once.
                 raise ApplicationError(
-                    f"run fenced off: {cause.message}", type="StaleEpoch", non_retryable=True
+                    f"run fenced off: {_error_text(e)}", type=STALE_EPOCH, non_retryable=True
                 ) from e
             raise
 
@@ -318,25 +350,27 @@ class TaskWorkflow:
                 input=action.input,
                 stall_after=stage.stall_after,
                 output=stage.output,
+                input_hash=action.input_hash,
+                reuse=action.reuse,
+                reuse_project=p.plan.project if p.plan.reuse == "project" else None,
             )
             activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")
-            self._start(action.operation_key, action.node, activity, inp, action.estimate)
+            self._start(action.operation_key, action.node, activity, inp)
         elif isinstance(action, StaticGate):
             gate = GateInput(
                 task_id=p.task_id,
                 node=action.node,
                 operation_key=action.operation_key,
                 input_version=action.input_version,
+                epoch=self._epoch,
             )
-            self._start(action.operation_key, action.node, "gate.run", gate, Decimal(0))
+            self._start(action.operation_key, action.node, "gate.run", gate)
 
-    def _start(self, op_key: str, node: str, activity: str, arg: BaseModel, reserved: Decimal) -> None:
+    def _start(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
         self._started.add(op_key)
-        self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg, reserved))
+        self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg))
 
-    async def _execute(
-        self, op_key: str, node: str, activity: str, arg: BaseModel, reserved: Decimal
-    ) -> None:
+    async def _execute(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
         """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
         try:
             self._activities[op_key] = handle = workflow.start_activity(
@@ -355,30 +389,21 @@ class TaskWorkflow:
                 raise  # not ours (the worker evicting this workflow from its cache)
             # Asked to cancel by _stop_in_flight, which waits for the executor's own result in the ledger.
         except ActivityError as e:
-            cause = _application_error(e)
-            if cause is not None and cause.type == "StaleEpoch":
-                self._fenced = cause.message  # another run holds the task: write nothing, stop (see run)
+            if error_type(e) == STALE_EPOCH:
+                self._fenced = _error_text(e)  # another run holds the task: write nothing, stop (see run)
                 return
-            # The executor hit an error no retry can fix, before any job existed (a refused request): record
-            # a failure, releasing the reservation, so the rules can ask a person and no reservation outlives
-            # its operation. Idempotent: if the executor did write a result, that one wins.
             if self._stopping and isinstance(e.cause, CancelledError):
-                return  # asked to cancel by _stop_in_flight, which waits for the executor's own result
-            kind = _GAVE_UP.get(cause.type if cause is not None and cause.type else "", FailureKind.TECHNICAL)
-            await self._gave_up(node, op_key, reserved, kind, _error_text(e))
+                return  # asked to cancel by _stop_in_flight, which closes whatever is still open
+            # The executor ended without a result (an error no retry can fix: a bug). The operation is closed
+            # from the record and the vendor, so its reservation is settled and nothing paid for is lost.
+            if isinstance(arg, StageInput):
+                await self._close(node, op_key, arg.executor, arg.estimate)
+            else:
+                await self._close(node, op_key, "gate", Decimal(0))
         finally:
             self._activities.pop(op_key, None)
             self._running.pop(op_key, None)
             self._woken = True
-
-    async def _gave_up(
-        self, node: str, op_key: str, reserved: Decimal, kind: FailureKind, error: str
-    ) -> None:
-        """Record the failure of an executor that ended without a result, releasing its reservation."""
-        assert self._p is not None
-        failure = Failure(node=node, operation_key=op_key, kind=kind, error=error)
-        result = to_new(failure, dedup_key=f"{op_key}:result", operation_key=op_key)
-        await self._mark(self._p, result, release=reserved)
 
     async def _take_decisions(self, p: Projection) -> None:
         """Validate and record each signalled decision (authenticated, authorised, first one wins) before
@@ -446,6 +471,7 @@ class TaskWorkflow:
             summary=summary(p),
             allowed=ALLOWED_LLM_ACTIONS,
             decided_at=now,
+            epoch=self._epoch,
         )
         try:
             proposed = await workflow.execute_activity(
@@ -468,18 +494,12 @@ class _BudgetRefused(Exception):
     """The ledger refused a reservation on a budget scope (raised inside this workflow only)."""
 
 
-def _application_error(e: BaseException) -> ApplicationError | None:
-    """The ApplicationError an activity raised: ``e`` itself, or the first one in its cause chain."""
+def _error_text(e: BaseException) -> str:
     cause: BaseException | None = e
-    while cause is not None and not isinstance(cause, ApplicationError):
-        cause = cause.cause if isinstance(cause, FailureError) else None
-    return cause
-
-
-def _cancelled(op_key: str) -> str:
-    return f"cancelled: the task ended before {op_key} resolved"
-
-
-def _error_text(e: ActivityError) -> str:
-    cause = _application_error(e)
-    return (str(cause) if cause is not None else str(e))[:2000]
+    while (
+        isinstance(cause, FailureError)
+        and not isinstance(cause, ApplicationError)
+        and cause.cause is not None
+    ):
+        cause = cause.cause
+    return str(cause or e)[:2000]

@@ -48,10 +48,10 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from ledger.recorder import Recorder
-from ledgerflow.routes import DEFAULT_ROUTES
 from rules.envelope import StoredEvent
 from rules.events import parse
 from rules.plan import Plan, load_plan
+from vendors.routes import DEFAULT_ROUTES
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ledgerflow.routes import DEFAULT_ROUTES
 from rules.actions import (
     Action,
     Dispatch,
@@ -46,6 +45,7 @@ from rules.events import (
 from rules.plan import REVIEW, Plan, validate_plan
 from rules.projection import Projection, apply, fold, new_projection
 from rules.table import decide
+from vendors.routes import DEFAULT_ROUTES
 
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
 TASK = "t1"

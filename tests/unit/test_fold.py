@@ -24,6 +24,7 @@ from rules.actions import (
 )
 from rules.envelope import StoredEvent
 from rules.events import Decision, FailureKind, MarkerKind, Verdict, parse
+from rules.inputs import input_hash
 from rules.llm import check_llm_action
 from rules.plan import REVIEW
 from rules.projection import NodeStatus, TaskState, apply, fold, new_projection, summary
@@ -365,7 +366,7 @@ def test_llm_valid_dispatch_gets_its_key_attempt_and_estimate_from_the_projectio
     assert problem is None
     assert action == Dispatch(
         node="a", attempt=2, operation_key="t1:a:a2", executor="llm.text", estimate=Decimal("1.00"),
-        reason="model: start",
+        reason="model: start", input=action.input, input_hash=input_hash(action.input),
     )  # fmt: skip
 
 
@@ -385,7 +386,7 @@ def test_llm_cannot_dispatch_a_gated_node_before_its_gate() -> None:
     assert problem is None
     assert action == Dispatch(
         node="b", attempt=1, operation_key="t1:b:a1", executor="llm.text", estimate=Decimal("1.00"),
-        reason="model: gate passed",
+        reason="model: gate passed", input=action.input, input_hash=input_hash(action.input),
     )  # fmt: skip
 
 

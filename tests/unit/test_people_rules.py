@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from helpers import T0, TASK, History, make_plan, stage, until
 
-from ledgerflow.routes import DEFAULT_ROUTES
 from rules.actions import Escalate, HumanDecisionType, RequestKind, SuspendForHuman
 from rules.events import FailureKind, HumanDecision, MarkerKind, SystemMarker
 from rules.people import (
@@ -38,6 +37,7 @@ from rules.people import (
     suggestion,
 )
 from rules.plan import PlanError, Value, validate_plan
+from vendors.routes import DEFAULT_ROUTES
 
 KEYS = {"director": "k-director", "producer": "k-producer", "editor": "k-editor"}
 APPROVE, ABORT, RESUME, ADD = (

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from helpers import stage
 
-from ledgerflow.routes import DEFAULT_ROUTES
 from rules.dag import build_graph
 from rules.plan import (
     COMPOSE,
@@ -23,6 +22,7 @@ from rules.plan import (
     parse_duration,
     validate_plan,
 )
+from vendors.routes import DEFAULT_ROUTES
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from helpers import T0, History, chain_plan, make_plan, stage, until
 
-from ledgerflow.routes import DEFAULT_ROUTES
 from rules.actions import (
     Action,
     Complete,
@@ -28,6 +27,7 @@ from rules.actions import (
     Wait,
 )
 from rules.events import FailureKind, MarkerKind, Verdict
+from rules.inputs import input_hash
 from rules.llm import check_llm_action
 from rules.plan import (
     COMPOSE,
@@ -40,6 +40,7 @@ from rules.plan import (
 )
 from rules.projection import NodeStatus, Projection, TaskState, summary
 from rules.table import RULES, decide, ready_nodes
+from vendors.routes import DEFAULT_ROUTES
 
 APPROVE, RESUME, ABORT, ADD_BUDGET = (
     HumanDecisionType.APPROVE,
@@ -709,7 +710,7 @@ def test_r11_dispatch_has_a_stable_operation_key_per_business_attempt() -> None:
     assert (rule, matched) == ("R11", ["R11"])
     assert action == Dispatch(
         node="a", attempt=1, operation_key="t1:a:a1", executor="llm.text", estimate=Decimal("1.00"),
-        reason="first attempt",
+        reason="first attempt", input=action.input, input_hash=input_hash(action.input),
     )  # fmt: skip
     assert decided(h)[1] == decided(History(chain_plan()))[1], "same history, same key"
     h.record(rule, action)

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vendors.http import HttpJobVendor
+from vendors.jobs import JobsAdapter
+from vendors.routes import RouteSpec, Timeouts
 from vendors.simulator import SimConfig
 
 API_KEY = "sk-test-4f1c9e"
@@ -55,8 +56,9 @@ async def sim(simulator_url: str, http_client: httpx.AsyncClient) -> SimAdmin:
 
 
 @pytest.fixture
-async def vendor(sim: SimAdmin) -> AsyncIterator[HttpJobVendor]:
-    async with HttpJobVendor(sim.url, API_KEY, client=sim.client, timeout=5.0) as adapter:
+async def vendor(sim: SimAdmin) -> AsyncIterator[JobsAdapter]:
+    route = RouteSpec(timeouts=Timeouts(request=5.0))
+    async with JobsAdapter(route, sim.url, API_KEY, client=sim.client) as adapter:
         yield adapter
 
 

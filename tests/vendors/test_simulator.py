@@ -1,4 +1,4 @@
-"""The vendor simulator and HttpJobVendor, over real HTTP against a real uvicorn server."""
+"""The vendor simulator and JobsAdapter, over real HTTP against a real uvicorn server."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from media import probe
+from vendors.adapter import FailureKind, JobStatus, ResultFile, VendorJob
 from vendors.errors import (
     ArtifactHashMismatch,
     VendorCannotTell,
@@ -25,7 +27,8 @@ from vendors.errors import (
     VendorUnavailable,
     VendorWaitTimeout,
 )
-from vendors.http import ArtifactInfo, FailureKind, HttpJobVendor, JobStatus, VendorJob
+from vendors.jobs import JobsAdapter
+from vendors.routes import RouteSpec, Timeouts
 from vendors.simulator import Draw, ExecutorProfile
 
 if TYPE_CHECKING:
@@ -37,8 +40,8 @@ ESTIMATE = Decimal("2.50")
 BODY = {"executor": EXECUTOR, "input": INPUT, "estimate": "2.50"}
 
 
-async def submit(vendor: HttpJobVendor, key: str, **overrides: object) -> VendorJob:
-    args: dict = {"operation_key": key, "executor": EXECUTOR, "input": INPUT, "estimate": ESTIMATE}
+async def submit(vendor: JobsAdapter, key: str, **overrides: object) -> VendorJob:
+    args: dict = {"operation_key": key, "executor": EXECUTOR, "request": INPUT, "estimate": ESTIMATE}
     return await vendor.submit(**{**args, **overrides})
 
 
@@ -49,7 +52,7 @@ def free_port() -> int:
 
 
 async def test_same_key_same_body_returns_the_same_job_and_charges_once(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     created = await sim.client.post("/jobs", json=BODY, headers={"Idempotency-Key": key})
     replayed = await sim.client.post("/jobs", json=BODY, headers={"Idempotency-Key": key})
@@ -61,7 +64,7 @@ async def test_same_key_same_body_returns_the_same_job_and_charges_once(
     assert (charges["count"], charges["total"]) == (1, "2.5000")
 
 
-async def test_same_key_different_body_is_a_conflict(sim: SimAdmin, vendor: HttpJobVendor, key: str) -> None:
+async def test_same_key_different_body_is_a_conflict(sim: SimAdmin, vendor: JobsAdapter, key: str) -> None:
     await submit(vendor, key)
 
     raw = await sim.client.post(
@@ -75,7 +78,7 @@ async def test_same_key_different_body_is_a_conflict(sim: SimAdmin, vendor: Http
 
 
 async def test_dropped_response_is_unavailable_yet_charged_and_found_by_key(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(default={"drop_response": 1})
 
@@ -93,7 +96,7 @@ async def test_dropped_response_is_unavailable_yet_charged_and_found_by_key(
 
 
 async def test_rate_limit_raises_rate_limited_with_retry_after_and_charges_nothing(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(default={"rate_limit": 1})
 
@@ -108,7 +111,7 @@ async def test_rate_limit_raises_rate_limited_with_retry_after_and_charges_nothi
 
 
 async def test_server_error_raises_unavailable_and_charges_nothing(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(default={"server_error": 1})
 
@@ -121,7 +124,7 @@ async def test_server_error_raises_unavailable_and_charges_nothing(
 
 
 async def test_content_rejection_fails_the_job_with_content_rejected_and_still_charges(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(default={"reject_content": 1})
 
@@ -134,7 +137,7 @@ async def test_content_rejection_fails_the_job_with_content_rejected_and_still_c
 
 
 async def test_executor_profile_overrides_default_for_technical_failures(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(executors={EXECUTOR: {"fail_technical": 1}})
 
@@ -147,7 +150,7 @@ async def test_executor_profile_overrides_default_for_technical_failures(
 
 
 async def test_cost_is_profile_cost_or_estimate_times_multiplier(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(
         default={"cost_multiplier": "1.5"}, executors={EXECUTOR: {"cost": "0.75", "cost_multiplier": "2"}}
@@ -156,14 +159,17 @@ async def test_cost_is_profile_cost_or_estimate_times_multiplier(
     fixed = await submit(vendor, key)
     estimated = await submit(vendor, key + "-img", executor="image.still")
 
-    assert (fixed.cost, estimated.cost) == (Decimal("1.5"), Decimal("3.75"))
+    assert (Decimal(fixed.cost or "nan"), Decimal(estimated.cost or "nan")) == (
+        Decimal("1.5"),
+        Decimal("3.75"),
+    )
     charges = await sim.charges()
     assert [c["amount"] for c in charges["charges"]] == ["1.5000", "3.7500"]
     assert charges["total"] == "5.2500"
 
 
 async def test_latency_reports_running_with_growing_progress_then_succeeded(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(executors={EXECUTOR: {"latency_seconds": 0.3}})
     polls: list[VendorJob] = []
@@ -179,7 +185,7 @@ async def test_latency_reports_running_with_growing_progress_then_succeeded(
 
 
 async def test_hung_job_stays_running_without_progress_and_wait_times_out(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(default={"hang": 1})
 
@@ -193,7 +199,7 @@ async def test_hung_job_stays_running_without_progress_and_wait_times_out(
 
 
 async def test_fetch_result_returns_bytes_matching_the_advertised_sha256(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     job = await submit(vendor, key)
 
@@ -206,7 +212,7 @@ async def test_fetch_result_returns_bytes_matching_the_advertised_sha256(
 
 
 async def test_fetch_result_rejects_a_corrupted_artifact(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(default={"corrupt_result": 1})
     job = await submit(vendor, key)
@@ -217,7 +223,7 @@ async def test_fetch_result_rejects_a_corrupted_artifact(
     assert job.result is not None and mismatch.value.expected == job.result.sha256
 
 
-async def test_result_of_an_unfinished_job_is_409(sim: SimAdmin, vendor: HttpJobVendor, key: str) -> None:
+async def test_result_of_an_unfinished_job_is_409(sim: SimAdmin, vendor: JobsAdapter, key: str) -> None:
     await sim.configure(default={"latency_seconds": 30})
     job = await submit(vendor, key)
 
@@ -227,7 +233,7 @@ async def test_result_of_an_unfinished_job_is_409(sim: SimAdmin, vendor: HttpJob
 
 
 async def test_cancel_stops_a_running_job_idempotently_and_keeps_the_charge(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(default={"latency_seconds": 30})
     job = await submit(vendor, key)
@@ -241,7 +247,7 @@ async def test_cancel_stops_a_running_job_idempotently_and_keeps_the_charge(
 
 
 async def test_cancel_of_a_finished_job_answers_409_and_leaves_it_succeeded(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     job = await submit(vendor, key)
 
@@ -253,7 +259,7 @@ async def test_cancel_of_a_finished_job_answers_409_and_leaves_it_succeeded(
 
 
 async def test_lookup_only_mode_charges_every_post_but_lookup_finds_them_all(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(mode="lookup_only")
 
@@ -265,7 +271,7 @@ async def test_lookup_only_mode_charges_every_post_but_lookup_finds_them_all(
     assert [job.id for job in await vendor.find_by_key(key)] == [first.id, second.id]
 
 
-async def test_none_mode_cannot_tell_on_lookup(sim: SimAdmin, vendor: HttpJobVendor, key: str) -> None:
+async def test_none_mode_cannot_tell_on_lookup(sim: SimAdmin, vendor: JobsAdapter, key: str) -> None:
     await sim.configure(mode="none")
     await submit(vendor, key)
     await submit(vendor, key)
@@ -277,7 +283,7 @@ async def test_none_mode_cannot_tell_on_lookup(sim: SimAdmin, vendor: HttpJobVen
     assert (await sim.charges())["count"] == 2
 
 
-async def _outcomes(vendor: HttpJobVendor, order: list[str]) -> dict[tuple[str, int], str]:
+async def _outcomes(vendor: JobsAdapter, order: list[str]) -> dict[tuple[str, int], str]:
     """Submit each key in ``order``; describe every attempt's outcome by (key, attempt number)."""
     seen: dict[tuple[str, int], str] = {}
     for key in order:
@@ -296,7 +302,7 @@ def _kinds(outcomes: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
 
 
 async def test_same_seed_and_keys_give_the_same_outcomes_across_a_reset_whatever_the_order(
-    sim: SimAdmin, vendor: HttpJobVendor
+    sim: SimAdmin, vendor: JobsAdapter
 ) -> None:
     faults = {"fail_technical": 0.2, "reject_content": 0.2, "rate_limit": 0.15, "server_error": 0.15}
     faults["drop_response"] = 0.15
@@ -338,7 +344,7 @@ OLD_RATES = {
     "hang": 0.3,
     "corrupt_result": 0.3,
 }
-ASKED = {"prompt": "a fox", "format": "mp4", "duration_s": 30, "width": 1920, "height": 1080}
+ASKED = {"prompt": "a fox", "format": "mp4", "duration_s": 3, "width": 320, "height": 180}
 
 
 @pytest.mark.parametrize("new_rates", [{}, {"bad_media": 1.0, "missing_rights": 1.0}])
@@ -360,17 +366,17 @@ def test_the_media_rates_draw_independently_of_each_other() -> None:
 
 
 async def test_a_result_reports_the_media_that_was_asked_for_with_rights(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
-    job = await submit(vendor, key, input=ASKED)
+    job = await submit(vendor, key, request=ASKED)
     plain = await submit(vendor, key + "-plain")
 
     assert job.result is not None and job.result.media is not None
     assert job.result.media.model_dump() == {
         "format": "mp4",
-        "duration_s": 30.0,
-        "width": 1920,
-        "height": 1080,
+        "duration_s": 3.0,
+        "width": 320,
+        "height": 180,
         "rights": {"license": "sim-commercial-1.0", "holder": f"simulator/{EXECUTOR}"},
     }
     assert plain.result is not None and plain.result.media is not None  # nothing asked: defaults
@@ -381,28 +387,42 @@ async def test_a_result_reports_the_media_that_was_asked_for_with_rights(
     )
 
 
-async def test_bad_media_delivers_outside_what_was_asked_with_the_same_artifact_bytes(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+async def test_bad_media_delivers_a_real_file_outside_what_was_asked_and_says_so(
+    sim: SimAdmin, vendor: JobsAdapter, key: str, tmp_path: Path
 ) -> None:
-    good = await submit(vendor, key, input=ASKED)
+    good = await submit(vendor, key, request=ASKED)
     await sim.reset()
     await sim.configure(executors={EXECUTOR: {"bad_media": 1.0}})
-    bad = await submit(vendor, key, input=ASKED)
+    bad = await submit(vendor, key, request=ASKED)
 
     assert bad.result is not None and bad.result.media is not None and good.result is not None
     media = bad.result.media
-    assert (media.format, media.duration_s, media.width, media.height) == ("gif", 60.0, 960, 540)
+    assert (media.format, media.duration_s, media.width, media.height) == ("mp4", 6.0, 160, 90)
     assert media.rights is not None  # only the media is off, not the rights
-    assert bad.result.sha256 == good.result.sha256  # the bytes depend on key and input only
-    assert await vendor.fetch_result(bad) == await vendor.fetch_result(good)
+    assert bad.result.sha256 != good.result.sha256  # another file
+    (tmp_path / "bad.mp4").write_bytes(await vendor.fetch_result(bad))
+    found = probe(tmp_path / "bad.mp4")  # the file really is what the vendor said, not what was asked
+    assert (found.codec, found.width, found.height, found.frames) == ("h264", 160, 90, 72)
+
+
+async def test_a_false_claim_describes_other_media_than_the_file_holds(
+    sim: SimAdmin, vendor: JobsAdapter, key: str, tmp_path: Path
+) -> None:
+    await sim.configure(executors={EXECUTOR: {"false_claim": 1.0}})
+    job = await submit(vendor, key, request=ASKED)
+
+    assert job.result is not None and job.result.media is not None
+    assert job.result.media.duration_s == 6.0  # the claim
+    (tmp_path / "shot.mp4").write_bytes(await vendor.fetch_result(job))
+    assert probe(tmp_path / "shot.mp4").duration_s == 3.0  # the file
 
 
 async def test_missing_rights_reports_no_rights_metadata(
-    sim: SimAdmin, vendor: HttpJobVendor, key: str
+    sim: SimAdmin, vendor: JobsAdapter, key: str
 ) -> None:
     await sim.configure(executors={EXECUTOR: {"missing_rights": 1.0}})
 
-    job = await submit(vendor, key, input=ASKED)
+    job = await submit(vendor, key, request=ASKED)
 
     assert job.result is not None and job.result.media is not None
     assert job.result.media.rights is None and job.result.media.format == "mp4"
@@ -415,7 +435,7 @@ def test_an_artifact_without_readable_media_metadata_parses_with_media_none(medi
     body: dict[str, object] = {"url": "/r", "sha256": "ab", "size": 2}
     if media is not None:
         body["media"] = media
-    assert ArtifactInfo.model_validate(body).media is None
+    assert ResultFile.model_validate(body).media is None
 
 
 async def test_chat_completion_accepts_a_json_schema_response_format(sim: SimAdmin) -> None:
@@ -505,13 +525,15 @@ async def test_missing_idempotency_key_is_400(sim: SimAdmin) -> None:
     assert (await sim.charges())["count"] == 0
 
 
-async def test_unknown_job_is_not_found(sim: SimAdmin, vendor: HttpJobVendor) -> None:
+async def test_unknown_job_is_not_found(sim: SimAdmin, vendor: JobsAdapter) -> None:
     with pytest.raises(VendorNotFound):
         await vendor.get("job_does_not_exist")
 
 
-async def test_errors_never_reveal_the_api_key(sim: SimAdmin, vendor: HttpJobVendor, api_key: str) -> None:
-    unreachable = HttpJobVendor(f"http://127.0.0.1:{free_port()}", api_key, timeout=1.0)
+async def test_errors_never_reveal_the_api_key(sim: SimAdmin, vendor: JobsAdapter, api_key: str) -> None:
+    unreachable = JobsAdapter(
+        RouteSpec(timeouts=Timeouts(request=1.0)), f"http://127.0.0.1:{free_port()}", api_key
+    )
     errors: list[VendorError] = []
     for call in (unreachable.get("job_x"), vendor.get("job_x")):
         with pytest.raises(VendorError) as raised:

@@ -9,8 +9,8 @@ import functools
 from decimal import Decimal
 
 from rules.events import parse
+from rules.keys import operation_key
 from rules.projection import fold
-from rules.table import operation_key
 from vendors.simulator import Draw, ExecutorProfile
 
 ASKED = "{format: mp4, duration_s: 30, width: 1920, height: 1080}"
@@ -100,7 +100,7 @@ async def test_a_canary_outside_its_bounds_is_retried_before_the_fan_out_widens(
     assert (failure.operation_key, failure.kind) == (key("shots/S01", 1), "invalid_output")
     assert (
         failure.error
-        == "shots/S01 format gif is not one of png; width 960 is below 1280; height 540 is below 720"
+        == "shots/S01 width 960 is below 1280; height 540 is below 720"  # the probed file, not a claim
     )
     assert failure.actual_cost == Decimal("0.40"), "a paid artifact that failed its check is still accounted"
     shots = [i.action for i in events_of(lf, plan.task_id, "Intent") if i.action.kind == "Dispatch"]

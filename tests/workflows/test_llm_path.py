@@ -24,13 +24,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.llm import ChatClient, LlmActivities
 from activities.models import LlmDecideInput
-from ledgerflow.routes import DEFAULT_ROUTES
 from rules.actions import Dispatch, Escalate, SuspendForHuman
 from rules.events import ArtifactRef, ExecutionResult, Intent, Outcome, TaskCreated, parse, to_new
 from rules.llm import ALLOWED_LLM_ACTIONS, check_llm_action
 from rules.plan import REVIEW, Plan, budget_scopes, load_plan
 from rules.projection import fold, summary
 from rules.table import decide
+from vendors.routes import DEFAULT_ROUTES
 
 PLAN = """
 goal: one node the rules leave to the planner

@@ -34,7 +34,7 @@ from ledgerflow.audit import audit_budget
 from rules.actions import HumanDecisionType, HumanRequest, RequestKind, SuspendForHuman
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, Intent, MarkerKind, SystemMarker, TaskCreated, parse, to_new
-from rules.people import resolution_key
+from rules.keys import resolution_key
 from rules.plan import TimeoutPolicy, budget_scopes
 from rules.projection import TaskState, fold
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id

@@ -10,14 +10,14 @@ from decimal import Decimal
 import httpx
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
-from activities.artifacts import LocalArtifactStore
 from activities.llm import ChatClient
 from activities.models import StageInput
 from activities.review import ReviewActivities
-from ledger.errors import LedgerError
+from artifacts import LocalStore
 from ledgerflow.versions import evals, show_at
 from rules.events import parse
 from rules.plan import REVIEW
@@ -248,14 +248,14 @@ async def test_a_review_retried_after_its_paid_judgement_reuses_it(lf, sim, simu
         node=REVIEW,
         operation_key=review.operation_key,
         attempt=review.attempt,
-        epoch=0,
+        epoch=lf.recorder.current_epoch(plan.task_id),
         executor=review.executor,
         estimate=review.estimate,
         input=review.input,
     )
     async with httpx.AsyncClient(timeout=10) as http:
         chat = ChatClient(http, simulator_url, sim_key, "sim-reviewer-1", Decimal("0.002"))
-        activities = ReviewActivities(lf.recorder, LocalArtifactStore(lf.settings.artifact_dir), chat)
+        activities = ReviewActivities(lf.recorder, LocalStore(lf.settings.artifact_dir), chat)
 
         await sim.configure(chat_default=REWORK_S02)
         paid = ActivityEnvironment()
@@ -264,8 +264,9 @@ async def test_a_review_retried_after_its_paid_judgement_reuses_it(lf, sim, simu
         # The attempt pays for the judgement, then cannot record its verdict (here: it settles more than was
         # reserved, which the ledger refuses; in life: the worker died).
         broken = inp.model_copy(update={"estimate": inp.estimate + 1000})
-        with pytest.raises(LedgerError):
+        with pytest.raises(ApplicationError, match="exceeds its reservation") as refused:
             await paid.run(activities.review, broken)
+        assert refused.value.type == "LedgerError" and refused.value.non_retryable
         assert beats and lf.recorder.find_by_dedup_key(f"{inp.operation_key}:result") is None
 
         await sim.configure(chat_error_status=500)  # the model is gone: only the kept judgement can serve

@@ -1,0 +1,90 @@
+"""The one error boundary: how an error inside an executor crosses into Temporal, and what it means there.
+
+Executors resolve every outcome they can account for themselves (a refused request is a Failure at no cost,
+a purged output a Failure at what the job cost, an unknown outcome a Failure at the estimate with a cost
+anomaly). What is left crosses the boundary here, as an ``ApplicationError`` whose ``type`` is the class name
+of the error, so the workflow reads a typed error, never a message:
+
+* **retry later** — the vendor or the ledger is unreachable, rate-limits (after its ``Retry-After``), the
+  route is paused for a person, or a maybe-sent request cannot be proven absent yet (after that long);
+* **stop** — the run was fenced off (``StaleEpoch``: another run holds the task), or a bug (a ledger error
+  that is not about availability): never retried; the workflow then closes the operation from the record
+  and the vendor (``operation.close``), so nothing is left open and nothing is written off at zero.
+
+This module is imported by the workflow (passed through the sandbox: it is pure, no I/O).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Final
+
+from temporalio.exceptions import ApplicationError, FailureError
+
+from ledger.errors import LedgerError, LedgerUnavailable, StaleEpoch
+from vendors.errors import VendorError, VendorRateLimited
+
+
+class RoutePaused(Exception):
+    """The route this operation calls is paused (a credentials error): a person must fix it and resume it."""
+
+    def __init__(self, route: str, reason: str, retry_s: float) -> None:
+        super().__init__(
+            f"route {route} is paused ({reason[:200]}): `ledgerflow routes resume {route}` once fixed"
+        )
+        self.retry_s = retry_s
+
+
+class NotYetProvable(Exception):
+    """A maybe-sent request could still create a job: look the key up again after ``wait_s``."""
+
+    def __init__(self, why: str, wait_s: float) -> None:
+        super().__init__(why)
+        self.wait_s = wait_s
+
+
+# Never retried: the run is fenced off, or the error is a bug no retry can fix.
+NON_RETRYABLE: Final = [
+    StaleEpoch.__name__,
+    LedgerError.__name__,
+    "InvalidAmount",
+    "DuplicateEvent",
+    "TaskNotFound",
+]
+STALE_EPOCH: Final = StaleEpoch.__name__
+
+
+def to_application_error(error: BaseException) -> ApplicationError:
+    """The ApplicationError an executor raises for ``error`` (its message never carries a secret)."""
+    if isinstance(error, ApplicationError):
+        return error
+    name = type(error).__name__
+    message = str(error)[:2000]
+    if isinstance(error, StaleEpoch):
+        return ApplicationError(message, type=name, non_retryable=True)
+    if isinstance(error, LedgerUnavailable):
+        return ApplicationError(message, type=name)
+    if isinstance(error, LedgerError):
+        return ApplicationError(message, type=name, non_retryable=True)
+    if isinstance(error, VendorRateLimited):
+        return ApplicationError(message, type=name, next_retry_delay=_delay(error.retry_after))
+    if isinstance(error, RoutePaused):
+        return ApplicationError(message, type=name, next_retry_delay=_delay(error.retry_s))
+    if isinstance(error, NotYetProvable):
+        return ApplicationError(message, type=name, next_retry_delay=_delay(error.wait_s))
+    if isinstance(error, VendorError):
+        # Unavailable, timeouts, 5xx, unreadable answers: the operation is reconciled on the next attempt.
+        return ApplicationError(message, type=name)
+    raise error  # not ours to classify: a bug, and Temporal's own failure handling reports it as it is
+
+
+def error_type(error: BaseException) -> str | None:
+    """The ``type`` of the ApplicationError an activity raised (itself or in its causes)."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause if isinstance(cause, FailureError) else None
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def _delay(seconds: float) -> timedelta:
+    return timedelta(seconds=min(3600.0, max(0.1, seconds)))

@@ -1,0 +1,276 @@
+"""The Operation lifecycle: what every executor does around its body, in one place.
+
+One operation is one external call (or one piece of framework work) under one OperationKey. Its life:
+
+    INTENT (fenced, with reservation; written by the workflow)
+    → open: one read of the ledger (epoch, the database's clock, the operation's events, the route's state)
+    → reconcile (reconcile.operations): resume a known job, submit, look the key up, void, or "unknown"
+    → before each paid call: the write-ahead ``submitting`` marker, itself fenced by the run's epoch
+    → the body (vendor job, model call, local work), heartbeating
+    → exactly one result under ``{op}:result`` (Outcome, Failure, ExecutionResult or void), settling the
+      reservation at the actual cost, plus a cost anomaly wherever the figure is odd or uncertain.
+
+Every executor — the paid stages (``activities/stages.py``), the review and its model call, compose, the
+static gate (``activities/review.py``) and the LLM planner (``activities/llm.py``) — runs inside it. Every
+dedup key comes from ``rules.keys``; every error crosses into Temporal through ``activities.boundary``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from typing import Any
+
+from temporalio import activity
+
+from activities.boundary import RoutePaused
+from ledger.errors import LedgerError, StaleEpoch
+from ledger.recorder import Recorder
+from ledgerflow.faults import mark
+from reconcile.operations import OperationState, operation_state
+from rules.envelope import NewEvent, StoredEvent
+from rules.events import (
+    ExecutionResult,
+    Failure,
+    FailureKind,
+    MarkerKind,
+    Outcome,
+    Progress,
+    SystemMarker,
+    to_new,
+)
+from rules.keys import (
+    anomaly_key,
+    late_charge_key,
+    lost_key,
+    progress_key,
+    refused_key,
+    result_key,
+    submitting_key,
+)
+from rules.money import VendorAmount
+
+
+class Operation:
+    """One operation's ledger side, for the executor running it (one instance per activity attempt).
+
+    Args:
+        recorder: The ledger.
+        task_id, node, key: Whose operation this is.
+        epoch: The fencing epoch of the run that recorded the INTENT; a paid call is made only under it.
+        estimate: The reservation the INTENT made; the result releases it.
+        route: The route the body calls (its pause state is checked when the operation opens), if any.
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        *,
+        task_id: str,
+        node: str,
+        key: str,
+        epoch: int,
+        estimate: Decimal,
+        route: str | None = None,
+        pause_retry_s: float = 30.0,
+    ) -> None:
+        self.recorder = recorder
+        self.task_id, self.node, self.key = task_id, node, key
+        self.epoch, self.estimate, self.route = epoch, estimate, route
+        self.pause_retry_s = pause_retry_s
+
+    # ── opening ───────────────────────────────────────────────────────────────────────────────────────
+    async def open(self, *, fenced: bool = True) -> OperationState:
+        """Read how far the operation got. Raises StaleEpoch for a fenced-off run, RoutePaused if paused.
+
+        The caller returns ``state.result`` when it is set: a retry after the result was written does nothing.
+        ``fenced=False`` is for closing an operation: that never calls a vendor to create anything.
+        """
+        view = await asyncio.to_thread(self.recorder.operation_view, self.task_id, self.key, self.route)
+        if view.epoch is None or view.now is None:
+            raise LedgerError(f"task {self.task_id!r} has no lease: {self.key} cannot run")
+        state = operation_state(view.events, view.now)
+        if state.result is not None:
+            return state
+        if fenced and view.epoch != self.epoch:
+            # A zombie attempt of a run that lost the task must never start new vendor work.
+            raise StaleEpoch(self.task_id, self.epoch, view.epoch)
+        if fenced and view.paused is not None and self.route is not None:
+            raise RoutePaused(self.route, view.paused, self.pause_retry_s)
+        return state
+
+    # ── writes ────────────────────────────────────────────────────────────────────────────────────────
+    async def write(
+        self,
+        event: NewEvent,
+        *,
+        release: Decimal = Decimal(0),
+        spend: Decimal = Decimal(0),
+        fenced: bool = False,
+    ) -> tuple[StoredEvent, bool]:
+        """An idempotent append (first write of its key wins); ``fenced``: only under this run's epoch."""
+        append = functools.partial(
+            self.recorder.append_idempotent,
+            self.task_id,
+            event,
+            release=release,
+            spend=spend,
+            fence_epoch=self.epoch if fenced else None,
+        )
+        return await asyncio.to_thread(append)
+
+    async def sending(self, state: OperationState, timeout_s: float) -> int:
+        """Write-ahead before a paid call: the ``submitting`` marker of the next send, fenced by the epoch.
+
+        After a crash this marker is what tells "maybe sent" from "never sent", and its time and timeout say
+        until when the send could still create a job. Fenced: a zombie of a fenced-off run writes nothing
+        here and so never calls the vendor (StaleEpoch). Returns the send's number.
+        """
+        n = state.next_send
+        while True:
+            marker = SystemMarker(
+                kind=MarkerKind.SUBMITTING,
+                node=self.node,
+                operation_key=self.key,
+                send=n,
+                timeout_s=timeout_s,
+            )
+            _, inserted = await self.write(
+                to_new(marker, dedup_key=submitting_key(self.key, n), operation_key=self.key), fenced=True
+            )
+            if inserted:
+                return n
+            n += 1  # another attempt of this operation wrote send n meanwhile: this is the next one
+
+    async def refused(self, n: int, why: str) -> None:
+        """The vendor refused send ``n`` before accepting anything: it is no longer "maybe sent"."""
+        marker = SystemMarker(
+            kind=MarkerKind.REFUSED, node=self.node, operation_key=self.key, send=n, detail=why[:2000]
+        )
+        await self.write(to_new(marker, dedup_key=refused_key(self.key, n), operation_key=self.key))
+
+    async def progress(self, job_id: str, progress: float | None) -> None:
+        event = Progress(node=self.node, operation_key=self.key, job_id=job_id, progress=progress or 0.0)
+        await self.write(to_new(event, dedup_key=progress_key(self.key, job_id), operation_key=self.key))
+        mark("progress_recorded", op=self.key, job=job_id)
+
+    async def anomaly(self, detail: str, what: str = "") -> None:
+        """A cost anomaly: recorded as it is, never hidden or blocking; people and the audit see it."""
+        marker = SystemMarker(
+            kind=MarkerKind.COST_ANOMALY, node=self.node, operation_key=self.key, detail=detail[:2000]
+        )
+        await self.write(to_new(marker, dedup_key=anomaly_key(self.key, what), operation_key=self.key))
+
+    async def lost(self, node: str, sha256: str) -> None:
+        """The output of ``node`` with these bytes is missing or corrupt: never reuse it, never hand it on."""
+        marker = SystemMarker(kind=MarkerKind.ARTIFACT_LOST, node=node, operation_key=self.key, detail=sha256)
+        await self.write(to_new(marker, dedup_key=lost_key(self.key, sha256), operation_key=self.key))
+
+    async def late_charge(self, job_id: str, amount: VendorAmount, why: str) -> None:
+        """A job the vendor created for this key after the operation was resolved: its charge is spent."""
+        cost = amount.amount if amount.amount is not None else self.estimate
+        marker = SystemMarker(
+            kind=MarkerKind.LATE_CHARGE,
+            node=self.node,
+            operation_key=self.key,
+            amount=cost,
+            detail=f"job {job_id}: {why}"[:2000],
+        )
+        _, inserted = await self.write(
+            to_new(marker, dedup_key=late_charge_key(self.key, job_id), operation_key=self.key), spend=cost
+        )
+        if inserted:
+            raw = f" (vendor figure {amount.raw!r})" if amount.anomaly or amount.amount is None else ""
+            await self.anomaly(f"late job {job_id} charged {cost}{raw}: {why}", f"late:{job_id}")
+
+    # ── the one result ────────────────────────────────────────────────────────────────────────────────
+    async def resolve(
+        self, event: Outcome | Failure | ExecutionResult | SystemMarker, spend: Decimal
+    ) -> StoredEvent:
+        """Write the operation's one resolution, settling its reservation at the actual cost, once."""
+        stored, _ = await self.write(
+            to_new(event, dedup_key=result_key(self.key), operation_key=self.key),
+            release=self.estimate,
+            spend=spend,
+        )
+        mark("outcome_recorded", op=self.key, type=stored.type)
+        return stored
+
+    async def settle_cost(self, amount: VendorAmount) -> Decimal:
+        """The cost to record for a vendor's figure: the figure made money, or the estimate if unusable.
+
+        Whatever is odd about the figure becomes a cost anomaly holding the raw value; so does a cost above
+        the reserved estimate. Never zero for a charge that happened.
+        """
+        if amount.amount is None:
+            await self.anomaly(f"{amount.anomaly}: counted at the estimate {self.estimate}", "figure")
+            return self.estimate
+        if amount.anomaly:
+            await self.anomaly(amount.anomaly, "figure")
+        if amount.amount > self.estimate:
+            await self.anomaly(f"actual {amount.amount} above the reserved estimate {self.estimate}")
+        return amount.amount
+
+    async def failure(self, kind: FailureKind, error: str, cost: Decimal) -> StoredEvent:
+        event = Failure(
+            node=self.node, operation_key=self.key, kind=kind, error=error[:4000], actual_cost=cost
+        )
+        return await self.resolve(event, spend=cost)
+
+    async def void(self, why: str) -> StoredEvent:
+        """Provably never reached the vendor: nothing spent; the rules decide afresh under a new key."""
+        marker = SystemMarker(kind=MarkerKind.VOID, node=self.node, operation_key=self.key, detail=why[:2000])
+        return await self.resolve(marker, spend=Decimal(0))
+
+    async def unknown(self, why: str) -> StoredEvent:
+        """Nobody can say whether the vendor ran it: counted at the estimate, flagged, a person decides."""
+        await self.anomaly(f"possible charge: {why}")
+        # Counted as spent at the reserved estimate: a charge that may have happened is accounted for, never
+        # lost (the person who decides sees the anomaly and can check the vendor's invoice).
+        error = f"the vendor cannot say whether {self.key} ran ({why}); not resubmitted"
+        return await self.failure(FailureKind.UNKNOWN_OUTCOME, error, self.estimate)
+
+
+class Heartbeat:
+    """What this attempt heartbeats; a retry reads it back (``activity.info().heartbeat_details``)."""
+
+    def __init__(self) -> None:
+        previous = activity.info().heartbeat_details
+        self.details: Any = previous[0] if previous else None
+
+    def beat(self, details: Any) -> None:
+        self.details = details
+        activity.heartbeat(details)
+
+
+@contextlib.asynccontextmanager
+async def heartbeating() -> AsyncIterator[Heartbeat]:
+    """Heartbeat every third of the heartbeat timeout while the body runs.
+
+    A heartbeat only says the worker is alive, which it is while it waits on a model or a vendor; a dead
+    worker misses its heartbeats and its attempt is retried within the timeout, and a cancellation (the task
+    ended) is delivered. The details sent are the latest ``beat.details`` (the previous attempt's until
+    replaced), so a retry can resume from them (a job id, a paid answer).
+    """
+    beat = Heartbeat()
+    timeout = activity.info().heartbeat_timeout
+    if not timeout:
+        yield beat
+        return
+    interval = max(0.05, timeout.total_seconds() / 3)
+
+    async def loop() -> None:
+        while True:
+            activity.heartbeat(*(() if beat.details is None else (beat.details,)))
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield beat
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,175 @@
+"""The one small protocol every vendor adapter speaks, and the normalised job it reports.
+
+An adapter turns one vendor's wire protocol into :class:`VendorJob` and :mod:`vendors.errors`; it never
+retries (Temporal's retry policy does), never decides what a failure means for the task (the operation
+lifecycle does, ``activities/operation.py``) and never sees the ledger. What an adapter can do after a crash
+is declared by :class:`Capabilities`, which reconciliation (``reconcile/operations.py``) reads.
+
+Kinds: ``jobs`` (submit / poll with an Idempotency-Key), ``predictions`` (Replicate-style, no key, found again
+by listing), ``openai`` (synchronous chat and image generation), ``local`` (work the worker does itself).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, Protocol
+
+from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+
+from rules.money import VendorAmount, vendor_amount
+from vendors.routes import RouteSpec, VendorMode
+
+
+class JobStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self is not JobStatus.RUNNING
+
+
+class FailureKind(StrEnum):
+    TECHNICAL = "technical"  # worth retrying with the same input
+    CONTENT_REJECTED = "content_rejected"  # the same input will be rejected again
+
+
+class JobError(BaseModel, frozen=True):
+    kind: FailureKind
+    message: str = Field(max_length=4000)
+
+
+class MediaInfo(BaseModel, frozen=True):
+    """What the vendor says the artifact is; every field optional, unknown fields ignored."""
+
+    format: str | None = Field(default=None, max_length=32)
+    duration_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    width: int | None = Field(default=None, ge=0)
+    height: int | None = Field(default=None, ge=0)
+    rights: dict[str, Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=20)
+
+
+class ResultFile(BaseModel, frozen=True):
+    """Where a finished job's output can be downloaded, and what the vendor says it is."""
+
+    url: str = Field(max_length=4000)
+    sha256: str | None = None  # None: the vendor advertises no hash (the download is hashed as it arrives)
+    size: int | None = None
+    media: MediaInfo | None = None  # None: no media metadata (or none we could read)
+
+    @field_validator("media", mode="wrap")
+    @classmethod
+    def _unreadable_media_is_none(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # Metadata that does not parse must not strand a paid artifact: it is reported as absent, and the
+        # checks (rights, media bounds, the probe of the file itself) judge the artifact without it.
+        try:
+            return handler(value)
+        except ValidationError:
+            return None
+
+
+class VendorJob(BaseModel, frozen=True):
+    """A vendor job as last reported, normalised across adapters.
+
+    ``cost`` is the vendor's own figure exactly as reported (a string: it may be odd, negative, "NaN"); use
+    :meth:`amount` to make it money. ``inline`` carries the output of a synchronous call (a chat answer, an
+    image returned in the body) instead of a ``result`` URL.
+    """
+
+    id: str = Field(min_length=1, max_length=200)
+    status: JobStatus
+    progress: float | None = None  # 0..1, None when the vendor reports none (or nonsense)
+    idempotency_key: str | None = None
+    cost: str | None = None  # None: the vendor reports no cost (it is priced from the route)
+    seconds: float | None = None  # compute / output seconds the vendor bills, where it says
+    tokens_in: int = 0
+    tokens_out: int = 0
+    error: JobError | None = None
+    result: ResultFile | None = None
+    inline: bytes | None = None
+
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _sane_progress(cls, value: Any) -> float | None:
+        # A NaN or out-of-range progress must never reach the ledger (JSONB refuses NaN); it is no signal.
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) and 0 <= number <= 1 else None
+
+    @field_validator("cost", mode="before")
+    @classmethod
+    def _cost_as_reported(cls, value: Any) -> str | None:
+        return None if value is None else str(value)[:100]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an adapter can do for reconciliation after a crash, and what it costs to redo."""
+
+    can_lookup: bool  # find_by_key works: a maybe-sent submit can be found or proven absent
+    can_cancel: bool
+    synchronous: bool  # submit returns the finished result (no job to poll, no late creation)
+    has_billing: bool  # charged() reads the vendor's own billing record
+    free: bool = False  # no vendor money is involved: redoing the work is harmless (the local adapter)
+
+
+class VendorAdapter(Protocol):
+    """One vendor protocol. Every method raises only :mod:`vendors.errors` types."""
+
+    route: RouteSpec
+    capabilities: Capabilities
+
+    async def submit(
+        self, *, operation_key: str, executor: str, request: dict[str, Any], estimate: Decimal
+    ) -> VendorJob:
+        """Send one request under ``operation_key``; returns the job (finished, for a synchronous adapter)."""
+        ...
+
+    async def get(self, job_id: str) -> VendorJob: ...
+
+    async def find_by_key(self, operation_key: str, *, since: datetime | None = None) -> list[VendorJob]:
+        """Every job the vendor holds for ``operation_key``, oldest first (VendorCannotTell if it cannot)."""
+        ...
+
+    async def cancel(self, job_id: str) -> VendorJob:
+        """Stop a job; one that already finished is returned as it is."""
+        ...
+
+    async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
+        """Stream a succeeded job's output into ``sink`` chunk by chunk (the caller hashes and stores it)."""
+        ...
+
+    async def charged(self, operation_key: str, job_id: str | None) -> str | None:
+        """The vendor's own billing record of what it charged (raw figure), or None where it has none."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def job_amount(route: RouteSpec, job: VendorJob) -> VendorAmount:
+    """What a job cost, as money: the vendor's own figure, else the route's price for what the job used."""
+    if job.cost is not None:
+        return vendor_amount(job.cost)
+    return vendor_amount(
+        route.price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
+    )
+
+
+def mode_of(route: RouteSpec, caps: Capabilities) -> VendorMode:
+    """The mode reconciliation works with: the route's, never more than the adapter can do."""
+    if caps.free:
+        return VendorMode.IDEMPOTENT
+    if route.mode == VendorMode.LOOKUP_ONLY and not caps.can_lookup:
+        return VendorMode.NONE
+    return route.mode

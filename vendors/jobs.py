@@ -1,0 +1,170 @@
+"""The ``jobs`` adapter: a "submit, then poll" vendor that takes an ``Idempotency-Key`` header.
+
+Wire protocol (``vendors/simulator``'s, and that of most paid generation APIs)::
+
+    POST /jobs                      {executor, input, estimate}, Idempotency-Key: OP → 201 job (200: replay)
+    GET  /jobs/{id}                 → job: {id, status, progress, idempotency_key, cost, error, result}
+    GET  /jobs?idempotency_key=OP   → {jobs: [...]}   (501 where the vendor cannot look keys up)
+    POST /jobs/{id}/cancel          → job             (409: already finished)
+    GET  <result.url>               → the bytes       (relative, or absolute on a CDN)
+    GET  /billing/charges?job_id=&idempotency_key=    → {charges: [{job_id, idempotency_key, amount}]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from vendors.adapter import Capabilities, JobError, JobStatus, ResultFile, VendorJob
+from vendors.errors import ArtifactHashMismatch, VendorConflict, VendorNotFound, VendorWaitTimeout
+from vendors.httpbase import HttpVendor
+from vendors.routes import VendorMode
+
+
+class _Charge(BaseModel):
+    job_id: str
+    idempotency_key: str | None = None
+    amount: str
+
+
+class _Charges(BaseModel):
+    charges: list[_Charge] = Field(default_factory=list)
+
+
+class _WireJob(BaseModel):
+    """The jobs protocol's job body (what the vendor sends), before normalisation."""
+
+    id: str
+    status: JobStatus
+    progress: Any = None
+    idempotency_key: str | None = None
+    executor: str | None = None
+    cost: Any = None
+    error: JobError | None = None
+    result: ResultFile | None = None
+
+    def normalised(self) -> VendorJob:
+        return VendorJob(
+            id=self.id,
+            status=self.status,
+            progress=self.progress,
+            idempotency_key=self.idempotency_key,
+            cost=self.cost,
+            error=self.error,
+            result=self.result,
+        )
+
+
+class JobsAdapter(HttpVendor):
+    """Async client of a "submit, then poll" vendor with idempotency keys (see the module doc)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            can_lookup=self.route.mode != VendorMode.NONE,
+            can_cancel=True,
+            synchronous=False,
+            has_billing=True,
+        )
+
+    async def submit(
+        self,
+        *,
+        operation_key: str,
+        executor: str,
+        request: dict[str, Any],
+        estimate: Decimal,
+        files: dict[str, str] | None = None,
+    ) -> VendorJob:
+        """Submit a job under ``operation_key`` (the vendor's idempotency key).
+
+        ``files`` (sha256 → a URL the vendor can fetch the input from) is sent beside the request, not in it:
+        a presigned URL changes on every retry and must not make a resubmission look like another request.
+        """
+        body: dict[str, Any] = {"executor": executor, "input": request, "estimate": str(estimate)}
+        if files:
+            body["input_urls"] = files
+        response = await self.request("POST", "/jobs", json=body, headers={"Idempotency-Key": operation_key})
+        return self._job(response)
+
+    async def get(self, job_id: str) -> VendorJob:
+        return self._job(await self.request("GET", f"/jobs/{job_id}"))
+
+    async def find_by_key(self, operation_key: str, *, since: datetime | None = None) -> list[VendorJob]:
+        response = await self.request(
+            "GET", "/jobs", params={"idempotency_key": operation_key}, cannot_tell_on_501=True
+        )
+        return [job.normalised() for job in self.parse(_WireJobs, response).jobs]
+
+    async def cancel(self, job_id: str) -> VendorJob:
+        try:
+            response = await self.request("POST", f"/jobs/{job_id}/cancel")
+        except VendorConflict:
+            # 409 means the job already finished: too late to cancel is not an error for the caller.
+            return await self.get(job_id)
+        return self._job(response)
+
+    async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
+        if job.result is None:
+            raise VendorNotFound(f"job {job.id} has no result (status {job.status})")
+        await super().download(job.result.url, sink)
+
+    async def fetch_result(self, job: VendorJob) -> bytes:
+        """The whole artifact in memory, checked against the advertised sha256 (small results, tests)."""
+        chunks: list[bytes] = []
+        await self.download(job, chunks.append)
+        content = b"".join(chunks)
+        assert job.result is not None
+        actual = hashlib.sha256(content).hexdigest()
+        if job.result.sha256 is not None and actual != job.result.sha256:
+            raise ArtifactHashMismatch(job.id, job.result.sha256, actual)
+        return content
+
+    async def charged(self, operation_key: str, job_id: str | None) -> str | None:
+        params = {"idempotency_key": operation_key} if job_id is None else {"job_id": job_id}
+        response = await self.request("GET", "/billing/charges", params=params)
+        charges = self.parse(_Charges, response).charges
+        if not charges:
+            return None
+        return str(sum((Decimal(c.amount) for c in charges), Decimal(0)))
+
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        poll_interval: float,
+        on_poll: Callable[[VendorJob], None] | None = None,
+        timeout: float | None = None,
+    ) -> VendorJob:
+        """Poll until the job is terminal, calling ``on_poll`` after every poll (the worker heartbeats there).
+
+        Raises:
+            VendorWaitTimeout: ``timeout`` seconds passed and the job is still running.
+        """
+        started = time.monotonic()
+        while True:
+            job = await self.get(job_id)
+            if on_poll is not None:
+                on_poll(job)
+            if job.status.terminal:
+                return job
+            waited = time.monotonic() - started
+            if timeout is not None and waited >= timeout:
+                raise VendorWaitTimeout(job_id, waited)
+            pause = poll_interval if timeout is None else min(poll_interval, timeout - waited)
+            await asyncio.sleep(pause)
+
+    def _job(self, response: Any) -> VendorJob:
+        wire: _WireJob = self.parse(_WireJob, response)
+        return wire.normalised()
+
+
+class _WireJobs(BaseModel):
+    jobs: list[_WireJob]

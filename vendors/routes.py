@@ -1,0 +1,205 @@
+"""The route table: which vendor serves each executor, through which adapter, on what terms.
+
+A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may name to a route::
+
+    routes:
+      video.motion:
+        adapter: predictions          # jobs | predictions | openai | local
+        base_url: https://api.example.com
+        credential_env: MOTION_API_KEY  # the NAME of the variable holding the key, never the key
+        mode: lookup_only             # what the vendor can do after a crash (reconcile.operations)
+        key_retention: 24h            # how long the vendor remembers an idempotency key
+        max_accept_seconds: 30        # how long after the client gave up a submit may still create a job
+        price: {per_second: 0.30}     # used where the vendor reports no cost
+        concurrency: 8
+        timeouts: {request: 10s}
+        allow_hosts: [cdn.example.com]  # hosts besides base_url's whose result URLs may be downloaded
+    reviewers: [compliance.rules, content.llm]
+
+Everything is validated at load with one line naming the route and field (``RouteError``); ``json_schema()``
+is the file's JSON schema (``ledgerflow routes schema``). Without a file, every executor of the built-in table
+runs on the ``jobs`` adapter at ``LEDGERFLOW_VENDOR_URL`` (the simulator in the embedded stack) and
+``code.validate`` runs locally.
+
+Secrets: a route names the environment variable of its credential; the adapter reads it inside the worker.
+Nothing here is ever put in a workflow argument, result, heartbeat or error.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rules.money import Amount
+from rules.plan import Routes, Seconds
+
+LOCAL_EXECUTORS: Final = frozenset({"code.validate", "media.assemble"})
+DEFAULT_EXECUTORS: Final = frozenset(
+    {
+        "llm.text",
+        "llm.code",
+        "image.asset",
+        "image.keyframe",
+        "video.motion",
+        "qc.check",
+        "edit.assembly",
+        "audio.tts",
+        "audio.mix",
+        "graphics.render",
+        "subtitle.render",
+        "color.grade",
+        "release.package",
+        "publish.cms",
+    }
+)
+DEFAULT_REVIEWERS: Final = frozenset(
+    {"compliance.rules", "content.llm", "qc.visual", "pedagogy.llm", "safety.rules"}
+)
+DEFAULT_CREDENTIAL_ENV: Final = "LEDGERFLOW_VENDOR_API_KEY"
+
+
+class RouteError(ValueError):
+    """A route file was refused; the message is one line naming the route and the field."""
+
+
+class AdapterKind(StrEnum):
+    JOBS = "jobs"  # submit / poll with an Idempotency-Key (vendors/jobs.py)
+    PREDICTIONS = "predictions"  # Replicate-style predictions, no idempotency key (vendors/predictions.py)
+    OPENAI = "openai"  # OpenAI-compatible chat and image generation, synchronous (vendors/openai.py)
+    LOCAL = "local"  # work that costs no vendor money, run by the worker itself (vendors/local.py)
+
+
+class VendorMode(StrEnum):
+    """What the vendor can do for us after a crash (reconcile.operations)."""
+
+    IDEMPOTENT = "idempotent"  # same key → same job, no new charge (while it remembers the key), and lookup
+    LOOKUP_ONLY = "lookup_only"  # no deduplication, but jobs can be found by key
+    NONE = "none"  # neither: after a crash the vendor cannot say whether it ran
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Price(_Strict):
+    """What a call costs where the vendor does not say (every part optional; they add up)."""
+
+    per_call: Amount = Decimal(0)
+    per_second: Amount = Decimal(0)  # per second of output (or of compute, as the vendor bills)
+    per_1k_input_tokens: Amount = Decimal(0)
+    per_1k_output_tokens: Amount = Decimal(0)
+
+    def cost(
+        self, *, calls: int = 1, seconds: float = 0.0, tokens_in: int = 0, tokens_out: int = 0
+    ) -> Decimal:
+        """The priced cost of one call, not yet rounded (rules.money.vendor_amount rounds it up)."""
+        return (
+            self.per_call * calls
+            + self.per_second * Decimal(repr(float(seconds)))
+            + self.per_1k_input_tokens * tokens_in / 1000
+            + self.per_1k_output_tokens * tokens_out / 1000
+        )
+
+
+class Timeouts(_Strict):
+    request: Seconds = 10.0  # one HTTP request (a submit, a poll, a download's first byte)
+    download: Seconds = 300.0  # a whole result download
+
+
+class RouteSpec(_Strict):
+    """One executor's route."""
+
+    adapter: AdapterKind = AdapterKind.JOBS
+    base_url: str | None = None  # None: LEDGERFLOW_VENDOR_URL (the embedded simulator)
+    credential_env: str = Field(default=DEFAULT_CREDENTIAL_ENV, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    mode: VendorMode = VendorMode.IDEMPOTENT
+    key_retention: Seconds = 24 * 3600.0
+    max_accept_seconds: Seconds = 30.0
+    price: Price = Price()
+    concurrency: int = Field(default=8, ge=1, le=1000)
+    timeouts: Timeouts = Timeouts()
+    allow_hosts: tuple[str, ...] = ()
+    model: str | None = Field(default=None, max_length=200)  # a predictions version or an OpenAI model
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s) URL, got {value[:60]!r}")
+        return value.rstrip("/") if value else value
+
+
+class RouteTable(_Strict):
+    """Every route of this deployment, and the reviewers it can run."""
+
+    routes: dict[str, RouteSpec]
+    reviewers: frozenset[str] = DEFAULT_REVIEWERS
+
+    def route(self, executor: str) -> RouteSpec:
+        try:
+            return self.routes[executor]
+        except KeyError:
+            raise RouteError(f"executor {executor!r} has no route") from None
+
+    def names(self) -> Routes:
+        """What plan validation checks a plan against."""
+        return Routes(executors=frozenset(self.routes), reviewers=self.reviewers)
+
+
+def default_table(mode: VendorMode = VendorMode.IDEMPOTENT) -> RouteTable:
+    """The built-in table: every default executor on the ``jobs`` adapter, local work on ``local``."""
+    routes = {name: RouteSpec(mode=mode) for name in sorted(DEFAULT_EXECUTORS)}
+    routes.update({name: RouteSpec(adapter=AdapterKind.LOCAL) for name in sorted(LOCAL_EXECUTORS)})
+    return RouteTable(routes=routes)
+
+
+DEFAULT_ROUTES: Final = default_table().names()
+
+
+def parse_table(raw: Any, *, where: str = "routes") -> RouteTable:
+    """Validate a route document; RouteError names the route and field of the first problem."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("routes"), dict) or not raw["routes"]:
+        raise RouteError(f"{where}: the document must be a mapping with a non-empty `routes:` mapping")
+    try:
+        return RouteTable.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(p) for p in first["loc"]]
+        if loc[:1] == ["routes"] and len(loc) >= 2:
+            place = f"route {loc[1]!r}" + (f": {'.'.join(loc[2:])}" if len(loc) > 2 else "")
+        else:
+            place = ".".join(loc) or "document"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "is not a known field"
+        elif first["type"] == "missing":
+            msg = "is required"
+        raise RouteError(f"{where}: {place} {msg}") from None
+
+
+def load_table(path: Path | None, *, mode: VendorMode = VendorMode.IDEMPOTENT) -> RouteTable:
+    """The route file at ``path``, or the built-in table (with ``mode``) when there is none."""
+    if path is None:
+        return default_table(mode)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise RouteError(f"route file {path}: {e.strerror or e}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise RouteError(
+            f"route file {path}: not valid YAML" + (f" at line {mark.line + 1}" if mark else "")
+        ) from None
+    return parse_table(raw, where=f"route file {path}")
+
+
+def json_schema() -> dict[str, Any]:
+    """The route file's JSON schema (for editors and CI)."""
+    return RouteTable.model_json_schema()

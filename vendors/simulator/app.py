@@ -1,0 +1,149 @@
+"""The simulator's HTTP surface: the vendor API (jobs, billing, chat), a CDN on a second port, admin hooks.
+
+Vendor endpoints need a bearer key (any non-empty one, or one of ``accepted_keys`` after a rotation). The CDN
+serves result files without authentication, the way real vendors serve outputs from another host, and it
+records every request that arrives *with* a credential (``GET /admin/leaks``): a client must never send the
+vendor's key there. ``/charges``, ``/chat/stats`` and ``/admin/*`` are the test harness's view (no key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from vendors.simulator.chat import ChatRequest, chat, images
+from vendors.simulator.config import SimConfig
+from vendors.simulator.predictions import PredictionRequest, PredictionsApi
+from vendors.simulator.state import JobRequest, SimError, SimState
+
+
+def create_app(state: SimState) -> FastAPI:
+    """The vendor API over ``state``."""
+    app = FastAPI(title="ledgerflow vendor simulator")
+    app.state.sim = state
+    predictions = PredictionsApi(state)
+
+    @app.exception_handler(SimError)
+    def sim_error(_request: Request, exc: SimError) -> JSONResponse:
+        return exc.response()
+
+    def authenticated(authorization: str | None = Header(default=None)) -> None:
+        state.authenticate(authorization)
+
+    api = APIRouter(dependencies=[Depends(authenticated)])
+
+    @api.post("/jobs")
+    def submit(req: JobRequest, idempotency_key: str | None = Header(default=None)) -> JSONResponse:
+        if not idempotency_key:
+            raise SimError(400, "missing_idempotency_key", "the Idempotency-Key header is required")
+        status, body = state.submit(idempotency_key, req)
+        return JSONResponse(body, status_code=status)
+
+    @api.get("/jobs")
+    def find(idempotency_key: str) -> dict[str, Any]:
+        return state.find(idempotency_key)
+
+    @api.get("/jobs/{job_id}")
+    def get(job_id: str) -> dict[str, Any]:
+        return state.get(job_id)
+
+    @api.get("/jobs/{job_id}/result")
+    def result(job_id: str) -> Response:
+        out = state.result(job_id)
+        return Response(out.data, media_type=out.content_type)
+
+    @api.post("/jobs/{job_id}/cancel")
+    def cancel(job_id: str) -> dict[str, Any]:
+        return state.cancel(job_id)
+
+    @api.get("/billing/charges")
+    def billing(job_id: str | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+        return state.billing(job_id, idempotency_key)
+
+    @api.post("/v1/predictions")
+    def create_prediction(body: PredictionRequest) -> JSONResponse:
+        return JSONResponse(predictions.create(body), status_code=201)
+
+    @api.get("/v1/predictions")
+    def list_predictions(cursor: str | None = Query(default=None)) -> dict[str, Any]:
+        return predictions.list(cursor)
+
+    @api.get("/v1/predictions/{prediction_id}")
+    def get_prediction(prediction_id: str) -> dict[str, Any]:
+        return predictions.get(prediction_id)
+
+    @api.post("/v1/predictions/{prediction_id}/cancel")
+    def cancel_prediction(prediction_id: str) -> dict[str, Any]:
+        return predictions.cancel(prediction_id)
+
+    @api.post("/v1/chat/completions")
+    def chat_completion(
+        body: ChatRequest, x_client_request_id: str | None = Header(default=None)
+    ) -> dict[str, Any]:
+        return chat(state, body, x_client_request_id)
+
+    @api.post("/v1/images/generations")
+    def image_generation(
+        body: dict[str, Any], x_client_request_id: str | None = Header(default=None)
+    ) -> dict[str, Any]:
+        return images(state, body, x_client_request_id)
+
+    # Inspection and control hooks: unauthenticated, they are the test harness's view, not the vendor's API.
+    @app.get("/healthz")
+    def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/charges")
+    def charges() -> dict[str, Any]:
+        return state.charges()
+
+    @app.get("/chat/stats")
+    def chat_stats() -> dict[str, int]:
+        return state.chat_stats()
+
+    @app.get("/admin/leaks")
+    def leaks() -> dict[str, Any]:
+        with state.lock:
+            return {"leaks": list(state.leaks), "count": len(state.leaks)}
+
+    @app.get("/admin/config")
+    def get_config() -> SimConfig:
+        return state.config
+
+    @app.put("/admin/config")
+    def put_config(new: SimConfig) -> SimConfig:
+        state.configure(new)
+        return new
+
+    @app.post("/admin/reset")
+    def reset() -> dict[str, bool]:
+        state.reset()
+        return {"ok": True}
+
+    app.include_router(api)
+    return app
+
+
+def create_cdn_app(state: SimState) -> FastAPI:
+    """Result files on another origin, unauthenticated; a request carrying a credential is a leak."""
+    app = FastAPI(title="ledgerflow simulator CDN")
+
+    @app.exception_handler(SimError)
+    def sim_error(_request: Request, exc: SimError) -> JSONResponse:
+        return exc.response()
+
+    @app.get("/files/{job_id}")
+    def file(job_id: str, authorization: str | None = Header(default=None)) -> Response:
+        out = state.cdn_file(job_id, authorization)
+        return Response(out.data, media_type=out.content_type)
+
+    @app.get("/predictions/{prediction_id}/{name}")
+    def prediction_file(
+        prediction_id: str, name: str, authorization: str | None = Header(default=None)
+    ) -> Response:
+        out = PredictionsApi(state).file(prediction_id, authorization)
+        return Response(out.data, media_type=out.content_type)
+
+    return app

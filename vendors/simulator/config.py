@@ -1,0 +1,170 @@
+"""The simulator's configuration: per-executor profiles of latency, price and every way a vendor misbehaves.
+
+Each profile switch mirrors a habit of real paid vendors that costs money when the client handles it badly:
+charge-then-drop, jobs created after the client gave up, idempotency keys forgotten after a while, outputs
+purged, results served from another host, odd cost figures, rotated keys, 408s and slow answers. All rates
+are drawn per request from a seeded RNG (``Draw``), so a workload replays identically.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_CHAT = '{"verdict": "pass", "scores": {"overall": 0.9}, "reasons": []}'
+
+Rate = Annotated[float, Field(ge=0, le=1)]
+
+
+class ExecutorProfile(BaseModel):
+    """How one executor behaves: latency, price and the probability of each fault."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    latency_seconds: float = Field(default=0.0, ge=0)
+    cost: Decimal | None = Field(default=None, ge=0, description="None charges the request's estimate")
+    cost_multiplier: Decimal = Field(default=Decimal(1), ge=0)
+    fail_technical: Rate = 0.0
+    reject_content: Rate = 0.0
+    drop_response: Rate = 0.0
+    rate_limit: Rate = 0.0
+    server_error: Rate = 0.0
+    hang: Rate = 0.0
+    corrupt_result: Rate = Field(
+        default=0.0, description="serve bytes that do not match the advertised sha256"
+    )
+    bad_media: Rate = Field(
+        default=0.0,
+        description="deliver media outside what was asked (and say so): half the size, twice the duration",
+    )
+    false_claim: Rate = Field(
+        default=0.0, description="deliver what was asked but claim other media metadata than the file has"
+    )
+    missing_rights: Rate = Field(default=0.0, description="report no rights metadata with the artifact")
+    broken_code: Rate = Field(default=0.0, description="a drafted lesson's last code example raises")
+    # ── the unkind switches: what real vendors do ─────────────────────────────────────────────────────
+    late_accept: Rate = Field(
+        default=0.0, description="a POST creates its job only after late_accept_seconds"
+    )
+    late_accept_seconds: float = Field(default=0.0, ge=0)
+    slow: Rate = Field(default=0.0, description="answer after slow_seconds (the job exists meanwhile)")
+    slow_seconds: float = Field(default=0.0, ge=0)
+    request_timeout: Rate = Field(default=0.0, description="answer a POST 408: nothing accepted")
+    key_retention_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="idempotent mode: a key is forgotten this long after its job was created",
+    )
+    purge_after_seconds: float | None = Field(
+        default=None, ge=0, description="result downloads answer 404 this long after the job finished"
+    )
+    forget_after_seconds: float | None = Field(
+        default=None, ge=0, description="GET /jobs/{id} answers 404 this long after the job finished"
+    )
+    absolute_urls: bool = Field(default=False, description="results on the CDN (another port), absolute URLs")
+    result_url_template: str | None = Field(
+        default=None, description="a raw result URL, e.g. '@{cdn}/files/{job}' ({cdn}: host:port of the CDN)"
+    )
+    cost_decimals: int | None = Field(
+        default=None,
+        ge=5,
+        le=12,
+        description="report and bill the cost with this many decimals (just under it)",
+    )
+    cost_override: str | None = Field(
+        default=None, max_length=40, description="report and bill exactly this figure ('-1', 'NaN', '1e12' …)"
+    )
+
+
+class ChatRule(BaseModel):
+    """Answer ``content`` when ``match`` occurs in the last user message (and, below 1, a seeded draw hits).
+
+    The draw comes from ``(seed, match, message)``: the same question always gets the same answer, and
+    different questions (another task's goal, a new version of a part) meet the rate independently.
+    """
+
+    match: str
+    content: str
+    rate: Rate = 1.0
+
+    def applies(self, seed: int, message: str) -> bool:
+        if self.match not in message:
+            return False
+        return self.rate >= 1 or random.Random(f"{seed}:{self.match}:{message}").random() < self.rate
+
+
+class SimConfig(BaseModel):
+    """The whole simulator configuration; replaceable at runtime with ``PUT /admin/config``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    default: ExecutorProfile = Field(default_factory=ExecutorProfile)
+    executors: dict[str, ExecutorProfile] = Field(default_factory=dict)
+    mode: Literal["idempotent", "lookup_only", "none"] = "idempotent"
+    # None: any non-empty bearer key is accepted. A list: only these (a key rotation answers 401 to the rest).
+    accepted_keys: list[str] | None = None
+    chat_script: list[ChatRule] = Field(default_factory=list)
+    chat_default: str = DEFAULT_CHAT
+    # The chat endpoint's own faults: answer every call with this HTTP status (an outage), and take this long
+    # to answer (a slow model). Off by default.
+    chat_error_status: int | None = Field(default=None, ge=400, le=599)
+    chat_latency_seconds: float = Field(default=0.0, ge=0)
+    # What a chat or image call is billed (and so what a route's price must say for the ledger to match).
+    chat_price_per_1k_tokens: Decimal = Field(default=Decimal("0.002"), ge=0)
+    image_price: Decimal = Field(default=Decimal("0.04"), ge=0)
+
+    def profile(self, executor: str) -> ExecutorProfile:
+        return self.executors.get(executor, self.default)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The fate of one POST attempt, drawn before anything else happens."""
+
+    rate_limited: bool
+    server_error: bool
+    dropped: bool
+    hang: bool
+    failure: Literal["technical", "content_rejected"] | None
+    corrupt: bool
+    fail_at: float  # fraction of the latency at which a failing job fails
+    bad_media: bool = False
+    missing_rights: bool = False
+    late: bool = False
+    slow: bool = False
+    request_timeout: bool = False
+    broken_code: bool = False
+    false_claim: bool = False
+
+    @classmethod
+    def for_attempt(cls, seed: int, key: str, attempt: int, p: ExecutorProfile) -> Draw:
+        rng = random.Random(f"{seed}:{key}:{attempt}")
+        # Always draw every number in the same order, so changing one rate never shifts the others' outcomes.
+        # Rates added later draw after the earlier ones, so every outcome seeded before them stays the same.
+        u = [rng.random() for _ in range(15)]
+        failure: Literal["technical", "content_rejected"] | None = None
+        if u[4] < p.fail_technical:
+            failure = "technical"
+        elif u[5] < p.reject_content:
+            failure = "content_rejected"
+        return cls(
+            rate_limited=u[0] < p.rate_limit,
+            server_error=u[1] < p.server_error,
+            dropped=u[2] < p.drop_response,
+            hang=u[3] < p.hang,
+            failure=failure,
+            corrupt=u[6] < p.corrupt_result,
+            fail_at=0.1 + 0.8 * u[7],
+            bad_media=u[8] < p.bad_media,
+            missing_rights=u[9] < p.missing_rights,
+            late=u[10] < p.late_accept,
+            slow=u[11] < p.slow,
+            request_timeout=u[12] < p.request_timeout,
+            broken_code=u[13] < p.broken_code,
+            false_claim=u[14] < p.false_claim,
+        )

@@ -1,0 +1,413 @@
+"""The simulator's state: jobs, the billing record, the CDN's log and chat counters, behind one lock.
+
+Handlers run on uvicorn's thread pool. Anything slow (rendering a file, fetching the request's inputs,
+sleeping for a late or slow answer) happens outside the lock, so other requests go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlparse
+
+import httpx
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from vendors.simulator.config import Draw, ExecutorProfile, SimConfig
+from vendors.simulator.outputs import Output, render
+
+QUANTUM = Decimal("0.0001")
+
+
+class SimError(Exception):
+    """An HTTP error answer with a JSON body ``{"error": {"code", "message"}, ...extra}``."""
+
+    def __init__(
+        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ):
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers, self.extra = status, code, message, headers, extra
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"code": self.code, "message": self.message}, **self.extra}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+class JobRequest(BaseModel):
+    """Body of ``POST /jobs``; two requests are "the same body" when executor, input and estimate are equal.
+
+    ``input_urls`` (sha256 → a URL the vendor can fetch the input from) is transport, not identity: a
+    presigned URL differs on every retry, and must not turn a resubmission into a conflict.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    executor: str
+    input: dict[str, Any]
+    estimate: Decimal = Field(ge=0)
+    input_urls: dict[str, str] = Field(default_factory=dict)
+
+    def identity(self) -> tuple[str, str, Decimal]:
+        return self.executor, json.dumps(self.input, sort_keys=True), self.estimate
+
+
+def money(amount: Decimal) -> str:
+    return str(amount.quantize(QUANTUM))
+
+
+@dataclass
+class Job:
+    """One accepted (and charged) job; its status is a function of the monotonic clock."""
+
+    id: str
+    key: str
+    request: JobRequest
+    cost: str  # the figure reported and billed, exactly as the vendor states it
+    latency: float
+    draw: Draw
+    accepted_at: float
+    profile: ExecutorProfile
+    output: Output | None = None  # None: the job never succeeds (it fails or hangs), nothing was rendered
+    input_error: str | None = None  # an input could not be fetched or did not match its sha256
+    cancelled_progress: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finishes_at(self) -> float:
+        failing = self.draw.failure or self.input_error
+        return self.accepted_at + self.latency * (self.draw.fail_at if failing else 1.0)
+
+    def state(self, now: float) -> tuple[str, float]:
+        if self.cancelled_progress is not None:
+            return "cancelled", self.cancelled_progress
+        if self.draw.hang:
+            return "running", 0.0
+        if now < self.finishes_at:
+            return "running", round((now - self.accepted_at) / self.latency, 4)
+        if self.draw.failure or self.input_error:
+            return "failed", round(self.draw.fail_at if self.latency else 0.0, 4)
+        return "succeeded", 1.0
+
+    def gone(self, now: float, after: float | None) -> bool:
+        """Whether something purged ``after`` seconds past the job's end is gone by now."""
+        status, _ = self.state(now)
+        return after is not None and status != "running" and now > self.finishes_at + after
+
+    def claimed_media(self) -> dict[str, Any] | None:
+        if self.output is None:
+            return None
+        media = dict(self.output.media)
+        if self.draw.false_claim and media.get("duration_s") is not None:
+            media["duration_s"] = media["duration_s"] * 2  # the file is fine; the vendor's claim is not
+        elif self.draw.false_claim and media.get("width") is not None:
+            media["width"], media["height"] = media["width"] * 2, media["height"] * 2
+        return media
+
+    def view(self, now: float, result_url: str) -> dict[str, Any]:
+        status, progress = self.state(now)
+        error = None
+        if status == "failed":
+            if self.input_error:
+                error = {"kind": "technical", "message": self.input_error}
+            elif self.draw.failure == "technical":
+                error = {"kind": "technical", "message": "executor crashed"}
+            else:
+                error = {"kind": "content_rejected", "message": "input violates content policy"}
+        result = None
+        if status == "succeeded" and self.output is not None:
+            result = {
+                "url": result_url,
+                "sha256": hashlib.sha256(self.output.data).hexdigest(),
+                "size": len(self.output.data),
+                "media": self.claimed_media(),
+            }
+        return {
+            "id": self.id,
+            "status": status,
+            "progress": progress,
+            "idempotency_key": self.key,
+            "executor": self.request.executor,
+            "cost": self.cost,
+            "error": error,
+            "result": result,
+        }
+
+
+def reported_cost(profile: ExecutorProfile, estimate: Decimal) -> str:
+    """The cost figure the vendor states (and bills): the profile's price, odd figures included."""
+    if profile.cost_override is not None:
+        return profile.cost_override
+    base = profile.cost if profile.cost is not None else estimate
+    cost = base * profile.cost_multiplier
+    if profile.cost_decimals is not None:
+        # Just under the round figure, at a precision finer than any ledger keeps (0.40 → 0.3999999).
+        tick = Decimal(1).scaleb(-profile.cost_decimals)
+        return str(max(Decimal(0), cost.quantize(tick) - tick) if cost > 0 else cost.quantize(tick))
+    return money(cost)
+
+
+def fetch_input(url: str, sha256: str, timeout: float = 10.0) -> str | None:
+    """Fetch one input the way a vendor does (http(s) or a file on this machine); the problem, or None."""
+    try:
+        if url.startswith("file://"):
+            data = Path(unquote(urlparse(url).path)).read_bytes()
+        else:
+            response = httpx.get(url, timeout=timeout)
+            if not response.is_success:
+                return f"input {sha256[:12]}… could not be fetched: HTTP {response.status_code}"
+            data = response.content
+    except (OSError, httpx.HTTPError) as e:
+        return f"input {sha256[:12]}… could not be fetched: {type(e).__name__}"
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return f"input {sha256[:12]}… does not match its sha256"
+    return None
+
+
+class SimState:
+    """Jobs, the billing record and counters of every protocol, behind one lock."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.lock = threading.Lock()
+        self.cdn_base: str | None = None  # set by the server once the CDN's port is known
+        self.reset()
+
+    def configure(self, config: SimConfig) -> None:
+        with self.lock:
+            self.config = config
+
+    def reset(self) -> None:
+        with self.lock:
+            self.jobs: dict[str, Job] = {}
+            self.by_key: dict[str, list[Job]] = defaultdict(list)
+            self.attempts: dict[str, int] = defaultdict(int)
+            self.inflight: set[str] = set()
+            self.charges_: list[dict[str, Any]] = []
+            self.chat_: dict[str, int] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            self.leaks: list[dict[str, str]] = []  # requests that reached the CDN carrying a credential
+            self.extra: dict[str, Any] = {}  # other protocols' state (predictions, images)
+
+    # ── authentication ────────────────────────────────────────────────────────────────────────────────
+    def authenticate(self, authorization: str | None) -> None:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise SimError(
+                401, "unauthorized", "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+        accepted = self.config.accepted_keys
+        if accepted is not None and token.strip() not in accepted:
+            raise SimError(401, "invalid_api_key", "the API key is not valid (was it rotated?)")
+
+    # ── billing ───────────────────────────────────────────────────────────────────────────────────────
+    def charge(self, key: str, job_id: str, executor: str, amount: str, protocol: str = "jobs") -> None:
+        """Record one charge (the caller holds the lock)."""
+        self.charges_.append(
+            {
+                "idempotency_key": key,
+                "job_id": job_id,
+                "executor": executor,
+                "amount": amount,
+                "protocol": protocol,
+            }
+        )
+
+    def charges(self) -> dict[str, Any]:
+        with self.lock:
+            rows = [dict(c) for c in self.charges_]
+        total = Decimal(0)
+        for c in rows:
+            try:
+                amount = Decimal(c["amount"])
+            except InvalidOperation:
+                continue
+            if amount.is_finite():
+                total += amount
+        return {"charges": rows, "total": str(total), "count": len(rows)}
+
+    def billing(self, job_id: str | None, key: str | None) -> dict[str, Any]:
+        """The vendor's own billing API: charges of one job or one idempotency key."""
+        with self.lock:
+            rows = [
+                {"job_id": c["job_id"], "idempotency_key": c["idempotency_key"], "amount": c["amount"]}
+                for c in self.charges_
+                if (job_id is None or c["job_id"] == job_id) and (key is None or c["idempotency_key"] == key)
+            ]
+        return {"charges": rows}
+
+    # ── the jobs protocol ─────────────────────────────────────────────────────────────────────────────
+    def result_url(self, job: Job) -> str:
+        p = job.profile
+        if p.result_url_template is not None:
+            cdn = (self.cdn_base or "").removeprefix("http://")
+            return p.result_url_template.format(cdn=cdn, job=job.id)
+        if p.absolute_urls and self.cdn_base:
+            return f"{self.cdn_base}/files/{job.id}"
+        return f"/jobs/{job.id}/result"
+
+    def view(self, job: Job, now: float) -> dict[str, Any]:
+        return job.view(now, self.result_url(job))
+
+    def _replay(self, key: str, req: JobRequest, now: float) -> tuple[int, dict[str, Any]] | None:
+        """Idempotent mode: the job this key already created, while the vendor remembers the key."""
+        cfg = self.config
+        if cfg.mode != "idempotent":
+            return None
+        retention = cfg.profile(req.executor).key_retention_seconds
+        live = [j for j in self.by_key.get(key, []) if retention is None or now - j.accepted_at < retention]
+        if not live:
+            return None
+        job = live[0]
+        if job.request.identity() != req.identity():
+            raise SimError(409, "idempotency_conflict", "Idempotency-Key already used with another body")
+        return 200, self.view(job, now)
+
+    def submit(self, key: str, req: JobRequest) -> tuple[int, dict[str, Any]]:
+        """Accept (201), replay (200) or refuse one POST /jobs; returns the status code and the job."""
+        with self.lock:
+            cfg, now = self.config, time.monotonic()
+            attempt = self.attempts[key]
+            self.attempts[key] += 1
+            profile = cfg.profile(req.executor)
+            draw = Draw.for_attempt(cfg.seed, key, attempt, profile)
+            if draw.rate_limited:
+                raise SimError(429, "rate_limited", "too many requests", headers={"Retry-After": "1"})
+            if draw.request_timeout:
+                raise SimError(
+                    408, "request_timeout", "the request body arrived too slowly; nothing accepted"
+                )
+            if draw.server_error:
+                raise SimError(500, "server_error", "internal error; nothing was accepted")
+            if cfg.mode == "idempotent" and key in self.inflight:
+                raise SimError(
+                    409, "request_in_progress", "a request with this Idempotency-Key is in progress"
+                )
+            replay = self._replay(key, req, now)
+            if replay is not None:
+                return replay
+            if draw.late:
+                self.inflight.add(key)
+        if draw.late:
+            # The vendor's slow intake: the job is created (and charged) only now, long after the client may
+            # have given up waiting. A retry meanwhile finds nothing by key — yet.
+            time.sleep(profile.late_accept_seconds)
+        try:
+            return self._create(key, req, attempt, profile, draw)
+        finally:
+            if draw.late:
+                with self.lock:
+                    self.inflight.discard(key)
+
+    def _create(
+        self, key: str, req: JobRequest, attempt: int, profile: ExecutorProfile, draw: Draw
+    ) -> tuple[int, dict[str, Any]]:
+        input_error = None
+        for sha, url in req.input_urls.items():
+            if (input_error := fetch_input(url, sha)) is not None:
+                break
+        output = None
+        if not (draw.failure or draw.hang or input_error):
+            rights = (
+                None
+                if draw.missing_rights
+                else {"license": "sim-commercial-1.0", "holder": f"simulator/{req.executor}"}
+            )
+            output = render(
+                req.executor, req.input, bad_media=draw.bad_media, broken_code=draw.broken_code, rights=rights
+            )
+        with self.lock:
+            cfg, now = self.config, time.monotonic()
+            replay = self._replay(key, req, now)
+            if replay is not None:  # a retry created it while this request was late
+                return replay
+            job_id = "job_" + hashlib.sha256(f"{cfg.seed}:{key}:{attempt}".encode()).hexdigest()[:20]
+            cost = reported_cost(profile, req.estimate)
+            job = Job(
+                job_id, key, req, cost, profile.latency_seconds, draw, now, profile, output, input_error
+            )
+            self.jobs[job_id] = job
+            self.by_key[key].append(job)
+            self.charge(key, job_id, req.executor, cost)
+            view = self.view(job, now)
+        if draw.slow:
+            time.sleep(profile.slow_seconds)  # the job exists and is charged; the answer is just late
+        if draw.dropped:
+            # The vendor's worst habit: the job exists and is charged, but the client never learns its id.
+            raise SimError(502, "bad_gateway", "upstream connection reset")
+        return 201, view
+
+    def job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise SimError(404, "not_found", f"no job {job_id}")
+        return job
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        with self.lock:
+            job, now = self.job(job_id), time.monotonic()
+            if job.gone(now, job.profile.forget_after_seconds):
+                raise SimError(404, "not_found", f"no job {job_id} (records are kept for a limited time)")
+            view = self.view(job, now)
+            slow = job.draw.slow
+        if slow:
+            time.sleep(job.profile.slow_seconds)
+        return view
+
+    def find(self, key: str) -> dict[str, Any]:
+        with self.lock:
+            if self.config.mode == "none":
+                raise SimError(501, "not_implemented", "this vendor cannot look jobs up by idempotency key")
+            now = time.monotonic()
+            # A search by the key stored with each job: it finds jobs whose key the dedup index forgot.
+            return {"jobs": [self.view(job, now) for job in self.by_key.get(key, [])]}
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        with self.lock:
+            job, now = self.job(job_id), time.monotonic()
+            status, progress = job.state(now)
+            if status in ("succeeded", "failed"):
+                raise SimError(409, "already_finished", f"job {job_id} is {status}", job=self.view(job, now))
+            if status == "running":
+                job.cancelled_progress = progress  # the charge stays: the vendor already billed at acceptance
+            return self.view(job, now)
+
+    def result(self, job_id: str) -> Output:
+        with self.lock:
+            job, now = self.job(job_id), time.monotonic()
+            status, _ = job.state(now)
+            if status != "succeeded" or job.output is None:
+                raise SimError(409, "not_ready", f"job {job_id} is {status}")
+            if job.gone(now, job.profile.purge_after_seconds):
+                raise SimError(404, "purged", f"the output of job {job_id} was purged")
+            out = job.output
+        if job.draw.corrupt:
+            return Output(out.data[:-1] + bytes([out.data[-1] ^ 1]), out.media, out.content_type)
+        return out
+
+    def cdn_file(self, file_id: str, authorization: str | None) -> Output:
+        """A file on the CDN: a job's result, or an image; a request carrying a credential is a leak."""
+        with self.lock:
+            if authorization:
+                self.leaks.append({"file": file_id, "authorization": authorization[:12] + "…"})
+            stored = self.extra.get("files", {}).get(file_id)
+        return stored if stored is not None else self.result(file_id)
+
+    def record_chat(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self.lock:
+            self.chat_["calls"] += 1
+            self.chat_["prompt_tokens"] += prompt_tokens
+            self.chat_["completion_tokens"] += completion_tokens
+
+    def chat_stats(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.chat_)
+
+
+Protocol = Literal["jobs", "predictions", "chat", "images"]
