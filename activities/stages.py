@@ -53,6 +53,8 @@ from vendors.local import refs
 from vendors.registry import Adapters
 from vendors.routes import RouteSpec
 
+# operation.close asks an unreachable vendor this many times before counting the operation at its estimate.
+CLOSE_VENDOR_ATTEMPTS = 3
 MEDIA_FORMATS = frozenset({"png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "webm", "wav", "mp3", "m4a"})
 # Framework work (compose, review, gate) has no route: nothing to look up, and only the review pays (a model
 # call, which cannot be looked up either).
@@ -474,9 +476,17 @@ class StageActivities:
         """
         op = self._operation(inp, None)
         try:
-            return await self._stop(op, inp.executor, None)
-        except VendorAuthError as e:
-            raise to_application_error(await self._pause(inp.executor, e)) from e
+            try:
+                return await self._stop(op, inp.executor, None)
+            except VendorError as e:
+                if isinstance(e, VendorAuthError):
+                    await self._pause(inp.executor, e)
+                if not isinstance(e, VendorAuthError) and activity.info().attempt < CLOSE_VENDOR_ATTEMPTS:
+                    raise
+                # The vendor cannot answer (its key is refused, or it stayed unreachable): the operation is
+                # counted at its estimate with a cost anomaly — never at zero — for a person to check against
+                # the vendor's invoice.
+                return await op.unknown(f"the task ended and the vendor could not answer: {e}")
         except Exception as e:
             raise to_application_error(e) from e
 

@@ -27,6 +27,8 @@ POINTS = (
 
 
 def mark(point: str, **fields: object) -> None:
+    if _CRASH:
+        _maybe_crash(point, " ".join(f"{k}={v}" for k, v in fields.items()))
     if not os.environ.get("LEDGERFLOW_MARKS"):
         return
     detail = " ".join(f"{k}={v}" for k, v in fields.items())
@@ -40,3 +42,26 @@ def mark(point: str, **fields: object) -> None:
         # pthread_kill to this thread: stops the process before the next line of this thread can run
         # (os.kill to the process is delivered asynchronously, and the thread may go on briefly).
         signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+
+
+class SimulatedCrash(BaseException):
+    """Raised at a fault point by ``crash_at`` (in-process tests): the worker "dies" right there.
+
+    A BaseException, like a real crash it is never handled by an executor's ``except Exception``: the
+    operation is left exactly as far as it got, for the next attempt or run to reconcile.
+    """
+
+
+_CRASH: dict[str, str] = {}
+
+
+def crash_at(point: str, op: str = "") -> None:
+    """Arm a one-shot simulated crash at ``point`` (for an operation key containing ``op``), in-process."""
+    _CRASH.clear()
+    _CRASH.update(point=point, op=op)
+
+
+def _maybe_crash(point: str, detail: str) -> None:
+    if _CRASH and _CRASH["point"] == point and _CRASH["op"] in detail:
+        _CRASH.clear()
+        raise SimulatedCrash(f"simulated crash at {point} {detail}")
