@@ -31,7 +31,7 @@ from ledgerflow import client as lf
 from ledgerflow import stack
 from ledgerflow.config import Settings
 from ledgerflow.faults import POINTS
-from rules.events import parse
+from rules.events import vendor_spend
 from rules.keys import is_result_key
 from rules.projection import fold
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
@@ -252,8 +252,7 @@ async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: li
         p = fold(events)
         report.completed += p.state.value == "Completed"
         resolved = {e.operation_key for e in events if is_result_key(e.dedup_key)}
+        report.ledger_total += vendor_spend(events)
         for e in events:
             if e.type == "Intent" and e.operation_key and e.payload["action"]["kind"] == "Dispatch":
                 report.orphaned_intents += e.operation_key not in resolved
-            if e.type in ("Outcome", "Failure"):
-                report.ledger_total += parse(e).actual_cost

@@ -11,6 +11,7 @@ Postgres instead of starting one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -35,7 +37,7 @@ from ledgerflow import pg
 from ledgerflow.config import Settings
 from ledgerflow.stack import TEMPORAL_PRAGMAS
 from rules.plan import Plan, load_plan
-from vendors.routes import DEFAULT_ROUTES
+from vendors.routes import RouteTable
 from vendors.simulator import BackgroundSimulator, SimConfig
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
 
@@ -164,7 +166,7 @@ class Ledgerflow:
     recorder: Recorder
 
     def plan(self, text: str, task_id: str | None = None) -> Plan:
-        return load_plan(text, DEFAULT_ROUTES, task_id=task_id or new_task_id())
+        return load_plan(text, self.settings.route_table().names(), task_id=task_id or new_task_id())
 
     async def start(self, plan: Plan) -> WorkflowHandle[Any, TaskResult]:
         assert plan.task_id is not None
@@ -201,14 +203,29 @@ def new_task_id() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture
-async def lf(
-    temporal: Client, pg_url: str, simulator_url: str, recorder: Recorder, tmp_path: Path
+@asynccontextmanager
+async def running_ledgerflow(
+    temporal: Client,
+    pg_url: str,
+    simulator_url: str,
+    recorder: Recorder,
+    workdir: Path,
+    *,
+    routes: RouteTable | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Ledgerflow]:
-    """An in-process worker (real Temporal, real Postgres, simulator over HTTP) on its own task queue."""
+    """An in-process worker (real Temporal, real Postgres, simulator over HTTP) on its own task queue.
+
+    ``routes``: a route table of the test's own (written as a route file, as a user would), e.g. routes
+    named for the test so that pausing one never touches another test's.
+    """
     from worker import build_worker
 
     queue = f"q-{uuid.uuid4().hex[:10]}"
+    if routes is not None:
+        routes_file = workdir / "routes.yaml"
+        routes_file.write_text(yaml.safe_dump(routes.model_dump(mode="json")))
+        overrides["routes_file"] = routes_file
     settings = Settings(
         temporal_address=temporal.service_client.config.target_host,
         task_queue=queue,
@@ -216,11 +233,27 @@ async def lf(
         vendor_url=simulator_url,
         vendor_api_key=SIM_KEY,
         llm_api_key=SIM_KEY,
-        artifact_dir=tmp_path / "artifacts",
+        artifact_dir=workdir / "artifacts",
         poll_interval_seconds=0.02,
         approver_keys=json.dumps(APPROVER_KEYS),
+        **overrides,
     )
     async with AsyncExitStack() as stack:
         worker = await build_worker(temporal, settings, stack, task_queue=queue)
         async with worker:
             yield Ledgerflow(temporal, queue, settings, recorder)
+
+
+@pytest.fixture
+async def lf(
+    temporal: Client, pg_url: str, simulator_url: str, recorder: Recorder, tmp_path: Path
+) -> AsyncIterator[Ledgerflow]:
+    """An in-process worker on its own task queue, with the built-in route table."""
+    async with running_ledgerflow(temporal, pg_url, simulator_url, recorder, tmp_path) as ledgerflow:
+        yield ledgerflow
+
+
+@pytest.fixture
+def lf_with(temporal: Client, pg_url: str, simulator_url: str, recorder: Recorder, tmp_path: Path) -> Any:
+    """``async with lf_with(routes=…, **settings) as lf:`` — a worker with the test's own routes/settings."""
+    return functools.partial(running_ledgerflow, temporal, pg_url, simulator_url, recorder, tmp_path)

@@ -49,7 +49,7 @@ from temporalio.service import RPCError
 
 from ledger.recorder import Recorder
 from rules.envelope import StoredEvent
-from rules.events import parse
+from rules.events import vendor_spend
 from rules.plan import Plan, load_plan
 from vendors.routes import DEFAULT_ROUTES
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
@@ -424,7 +424,8 @@ def resolutions(events: Iterable[StoredEvent]) -> dict[str, StoredEvent]:
 
 
 def ledger_cost(events: Iterable[StoredEvent]) -> Decimal:
-    return sum((parse(e).actual_cost for e in events if e.type in ("Outcome", "Failure")), Decimal(0))
+    """What the ledger says was paid to vendors (rules.events.vendor_spend: results and late charges)."""
+    return vendor_spend(events)
 
 
 def assert_prefix_kept(seen: Iterable[StoredEvent], now: list[StoredEvent]) -> None:

@@ -7,10 +7,14 @@ key → same job, no new charge), ``lookup_only`` (jobs can be found by key, a r
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import yaml
 from faultkit import ONE_SHOT, assert_artifact, assert_invariants, op_key, resolutions
 
 from rules.projection import fold
+from vendors.routes import RouteSpec, RouteTable
 
 
 @pytest.mark.parametrize("mode", ["idempotent", "lookup_only"])
@@ -81,3 +85,29 @@ async def test_kill_after_vendor_accept_in_each_vendor_mode(rig, sim, mode):
     assert len(await sim.charges(op)) == 1
     # I1–I4 hold while it waits: the possibly-charged amount must be on the ledger too (I2), not only flagged.
     await assert_invariants(rig.recorder, sim, [plan.task_id], seen=seen, completed=False)
+
+
+async def test_a_key_the_vendor_has_forgotten_is_looked_up_never_resubmitted(rig, sim):
+    """An idempotent vendor remembers a key only for a while: a worker frozen past that must not resubmit.
+
+    Old: the resumed attempt resubmitted under the key (idempotent mode: "the resubmission is the lookup");
+    the vendor had forgotten the key, created a second job and billed it twice, and the ledger held one
+    Outcome with no anomaly. Now a key older than the route's ``key_retention`` is looked up instead.
+    """
+    routes_file = rig.workdir / "routes.yaml"
+    table = RouteTable(routes={"video.motion": RouteSpec(key_retention=1.0)})
+    routes_file.write_text(yaml.safe_dump(table.model_dump(mode="json")))
+    await sim.configure(executors={"video.motion": {"latency_seconds": 0.5, "key_retention_seconds": 1.5}})
+    plan = rig.plan(ONE_SHOT)
+    op = op_key(plan.task_id, "shot")
+    w1 = await rig.spawn(hold_at="vendor_accepted", hold_op=op, LEDGERFLOW_ROUTES_FILE=str(routes_file))
+    await rig.start(plan)
+    held = await w1.held("vendor_accepted", op)
+    seen = rig.events(plan.task_id)
+    await asyncio.sleep(2.0)  # frozen past the vendor's memory of the key
+    await rig.crash(w1)
+    await rig.spawn(LEDGERFLOW_ROUTES_FILE=str(routes_file))
+    await assert_invariants(rig.recorder, sim, [plan.task_id], seen=seen, rig=rig)
+    charges = await sim.charges(op)
+    assert [c["job_id"] for c in charges] == [held.fields["job"]]
+    assert resolutions(rig.events(plan.task_id))[op].payload["job_id"] == held.fields["job"]

@@ -47,10 +47,14 @@ def _tokens(text: str) -> int:
     return len(text) // 4 + 1
 
 
-def _refuse_by_draw(state: SimState, key: str | None, executor: str) -> None:
-    """The executor profile's refusals (429 / 500), drawn like the jobs protocol's, for billed calls."""
+def _refuse_by_draw(state: SimState, key: str | None, executor: str) -> Draw | None:
+    """The executor profile's fate for a billed call, drawn like the jobs protocol's.
+
+    Refusals (429 / 500) are raised here, before anything is billed; a drawn ``dropped`` is returned for the
+    caller to act on *after* it billed the call (charge, then lose the answer). None: an unbilled call.
+    """
     if key is None:
-        return
+        return None
     with state.lock:
         attempt = state.attempts[key]
         state.attempts[key] += 1
@@ -59,6 +63,13 @@ def _refuse_by_draw(state: SimState, key: str | None, executor: str) -> None:
         raise SimError(429, "rate_limited", "too many requests", headers={"Retry-After": "1"})
     if draw.server_error:
         raise SimError(500, "server_error", "internal error; nothing was accepted")
+    return draw
+
+
+def _drop_if_drawn(draw: Draw | None) -> None:
+    """A synchronous vendor's worst habit: the call ran and was billed, but its answer never arrives."""
+    if draw is not None and draw.dropped:
+        raise SimError(502, "bad_gateway", "upstream connection reset")
 
 
 def chat(state: SimState, body: ChatRequest, request_id: str | None) -> dict[str, Any]:
@@ -68,7 +79,7 @@ def chat(state: SimState, body: ChatRequest, request_id: str | None) -> dict[str
     if cfg.chat_error_status is not None:
         state.record_chat(0, 0)  # a refused call is still a call (nothing is billed for it)
         raise SimError(cfg.chat_error_status, "chat_unavailable", "the model is unavailable")
-    _refuse_by_draw(state, request_id, "chat")
+    draw = _refuse_by_draw(state, request_id, "chat")
     texts = [_text(m.content) for m in body.messages]
     last_user = next((_text(m.content) for m in reversed(body.messages) if m.role == "user"), "")
     rule = next((r for r in cfg.chat_script if r.applies(cfg.seed, last_user)), None)
@@ -81,6 +92,7 @@ def chat(state: SimState, body: ChatRequest, request_id: str | None) -> dict[str
         amount = cfg.chat_price_per_1k_tokens * (prompt_tokens + completion_tokens) / 1000
         with state.lock:
             state.charge(request_id, f"chatcmpl-{digest}", "chat", str(amount.normalize()), "chat")
+    _drop_if_drawn(draw)
     return {
         "id": f"chatcmpl-{digest}",
         "object": "chat.completion",
@@ -110,7 +122,7 @@ def images(state: SimState, body: dict[str, Any], request_id: str | None) -> dic
     n = body.get("n") or 1
     if not isinstance(n, int) or not 1 <= n <= 4 or not (16 <= width <= 2048 and 16 <= height <= 2048):
         raise SimError(400, "invalid_request", "n must be 1-4 and each side 16-2048")
-    _refuse_by_draw(state, request_id, "images")
+    draw = _refuse_by_draw(state, request_id, "images")
     data = []
     digest = hashlib.sha256(json.dumps([prompt, size, n]).encode()).hexdigest()[:20]
     for i in range(n):
@@ -125,4 +137,5 @@ def images(state: SimState, body: dict[str, Any], request_id: str | None) -> dic
     if request_id is not None:
         with state.lock:
             state.charge(request_id, f"img-{digest}", "images", str(state.config.image_price * n), "images")
+    _drop_if_drawn(draw)
     return {"created": int(time.time()), "data": data, "usage": {"images": n}}
