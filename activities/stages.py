@@ -368,6 +368,13 @@ class StageActivities:
         """Stream the output into the store (hashed as it arrives), probe it if it is media, publish it."""
         expected = job.result.sha256 if job.result is not None else None
         claimed = job.result.media if job.result is not None else None
+        if expected is not None and (kept := await self._already_stored(expected)) is not None:
+            # Stored before a crash (the bytes the vendor promised, verified): never fetched again, so an
+            # output the vendor purged meanwhile is not lost, and nothing is paid for twice.
+            with self.store.local_copy(kept) as path:
+                size = path.stat().st_size
+                media, claim = await self._media(inp, path, claimed)
+            return ArtifactRef(uri=kept, sha256=expected, size=size, media=media, claimed=claim)
         with self.store.staging(op.key) as staging:
             try:
                 if job.inline is not None:
@@ -388,7 +395,15 @@ class StageActivities:
                 stored = await asyncio.to_thread(self.store.publish, staging, expected, operation_key=op.key)
             except ArtifactCorrupt as e:
                 raise ResultProblem(FailureKind.INVALID_OUTPUT, str(e)) from e
+        mark("artifact_stored", op=op.key, sha=stored.sha256[:12])
         return ArtifactRef(uri=stored.uri, sha256=stored.sha256, size=stored.size, media=media, claimed=claim)
+
+    async def _already_stored(self, sha256: str) -> str | None:
+        """The store's URI of these bytes, if it holds them intact (same bytes, same URI)."""
+        uri = await asyncio.to_thread(self.store.find, sha256)
+        if uri is None or not await asyncio.to_thread(self.store.verify, uri, sha256):
+            return None
+        return uri
 
     async def _media(self, inp: StageInput, path: Any, claimed: Any) -> tuple[Media | None, Media | None]:
         """What the file is, probed (never only what the vendor says), with the vendor's rights metadata.

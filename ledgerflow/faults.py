@@ -22,6 +22,7 @@ POINTS = (
     "polling",  # polling a running job
     "vendor_completed",  # the job is finished at the vendor, nothing fetched yet
     "artifact_staged",  # the artifact's bytes are in a temp file, not yet renamed into place
+    "artifact_stored",  # the artifact is in the store, its Outcome not yet recorded
     "outcome_recorded",  # the result (Outcome / Failure) committed
 )
 

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from s3kit import s3_endpoint  # noqa: F401  (the session's S3 server, for the S3 artifact store)
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment

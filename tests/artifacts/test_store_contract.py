@@ -39,7 +39,7 @@ from artifacts.local import path_of
 from artifacts.s3 import split_s3_uri
 
 if TYPE_CHECKING:  # conftest is pytest's to import; importing it again would load it twice
-    from tests.artifacts.conftest import S3Endpoint
+    from s3kit import S3Endpoint
 
 MiB = 1024 * 1024
 

@@ -8,6 +8,7 @@ Completed) plus what that point specifically risks.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from faultkit import (
@@ -104,3 +105,25 @@ async def test_kill_after_outcome_before_workflow_saw_it(rig, sim):
     await rig.crash(w1)
     await recover_and_check(rig, sim, plan.task_id, op, seen)
     assert resolutions(rig.events(plan.task_id))[op] == outcome  # the very same event, not a second one
+
+
+async def test_kill_after_the_artifact_was_stored_never_pays_for_the_node_again(rig, sim):
+    """The artifact is in the store, its Outcome not yet written; meanwhile the vendor purges the output.
+
+    Recovery finds the job done, finds its bytes already stored (content-addressed, verified against the
+    vendor's sha256) and registers them: nothing is downloaded again, nothing is paid for again.
+    """
+    await sim.configure(executors={"video.motion": {"latency_seconds": 0.2, "purge_after_seconds": 1.0}})
+    plan = rig.plan(ONE_SHOT)
+    assert plan.task_id is not None
+    op = op_key(plan.task_id, "shot")
+    w1 = await rig.spawn(hold_at="artifact_stored", hold_op=op)
+    await rig.start(plan)
+    held = await w1.held("artifact_stored", op)
+    seen = rig.events(plan.task_id)
+    assert op not in resolutions(seen)
+    stored = [p for p in rig.artifact_dir.rglob(f"{held.fields['sha']}*") if p.is_file()]
+    assert stored, "the artifact is in the store before the kill"
+    await asyncio.sleep(1.5)  # the vendor purges the output while the worker is down
+    await rig.crash(w1)
+    await recover_and_check(rig, sim, plan.task_id, op, seen)

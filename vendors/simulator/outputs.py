@@ -46,7 +46,16 @@ def input_hashes(value: Any) -> list[str]:
 
 
 def lineage(executor: str, request: dict[str, Any]) -> dict[str, Any]:
-    return {"executor": executor, "item": request.get("item"), "inputs": input_hashes(request.get("inputs"))}
+    """What a file is made from: the executor, the item, its inputs' hashes and a digest of the rest of the
+    request (a rework's findings change the file, as they change a real model's output)."""
+    rest = {k: v for k, v in request.items() if k != "inputs"}
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {
+        "executor": executor,
+        "item": request.get("item"),
+        "inputs": input_hashes(request.get("inputs")),
+        "request": digest,
+    }
 
 
 def _number(value: Any) -> float | None:
