@@ -206,6 +206,21 @@ def events(
 
 @app.command()
 @friendly
+def artifacts(
+    task_id: str, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
+) -> None:
+    """Every artifact a task registered: where it is, what it is, what it was made from, paid or reused."""
+    from ledgerflow.lineage import artifact_rows, artifacts_table
+
+    rows = artifact_rows(lf.events(get_settings(), task_id))
+    if as_json:
+        out.print_json(json.dumps([r.as_json() for r in rows], default=str))
+    else:
+        out.print(artifacts_table(task_id, rows))
+
+
+@app.command()
+@friendly
 def show(
     task_id: str,
     at: Annotated[
@@ -261,11 +276,21 @@ def drill(
     kills: Annotated[int, typer.Option("--kills", min=1, max=1000, help="worker kills to inflict")] = 10,
     seed: Annotated[int, typer.Option("--seed", help="random seed: same seed, same fault points")] = 1,
     tasks: Annotated[int, typer.Option("--tasks", min=1, max=100, help="tasks in the workload")] = 4,
+    profile: Annotated[
+        str, typer.Option("--profile", help="plain, or realistic: every unkind vendor habit on")
+    ] = "plain",
+    mode: Annotated[
+        str, typer.Option("--mode", help="vendor mode: idempotent, lookup_only or none")
+    ] = "idempotent",
 ) -> None:
     """A seeded random crash campaign on the embedded stack; exit 1 unless every invariant holds."""
     from ledgerflow.drill import run_drill
 
-    report = asyncio.run(run_drill(get_settings(), kills, seed, tasks))
+    if profile not in ("plain", "realistic"):
+        raise lf.ClientError(f"--profile {profile[:40]!r} is not plain or realistic")
+    if mode not in ("idempotent", "lookup_only", "none"):
+        raise lf.ClientError(f"--mode {mode[:40]!r} is not idempotent, lookup_only or none")
+    report = asyncio.run(run_drill(get_settings(), kills, seed, tasks, profile=profile, mode=mode))
     out.print(report.table())
     if not report.clean:
         raise typer.Exit(1)

@@ -18,10 +18,12 @@ from rich.table import Table
 from temporalio.client import WorkflowFailureError, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
+from artifacts import open_store, store_for_uri
 from ledgerflow import client as lf
 from ledgerflow import stack
 from ledgerflow.config import Settings
 from ledgerflow.report import stage_rows, status_table
+from media import probe
 from rules.events import parse
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
@@ -50,10 +52,27 @@ def run_demo(settings: Settings, plan_text: str, out: Console) -> int:
     ui = info.get("ui_url")
     if ui:
         out.print(f"Temporal UI: {ui}/namespaces/{settings.namespace}/workflows/{workflow_id(task_id)}")
-    out.print(f"Ledger:      ledgerflow events {task_id}")
+    out.print(f"Ledger:      ledgerflow events {task_id}   ·   artifacts: ledgerflow artifacts {task_id}")
+    episode = _episode(settings, record)
+    if episode:
+        out.print(f"[bold]Episode:[/bold]     {episode}")
     if error:
         out.print(f"[red]task failed:[/red] {error}")
     return 0 if summary.get("state") == "Completed" else 1
+
+
+def _episode(settings: Settings, record: list[Any]) -> str | None:
+    """The composed episode: its file and what a probe of it says (None if compose made no video)."""
+    composed = [parse(e) for e in record if e.type == "Outcome" and e.payload.get("node") == "compose"]
+    if not composed or not composed[-1].artifact.media:
+        return None
+    uri = composed[-1].artifact.uri
+    store = store_for_uri(uri, [open_store(settings.store_location())])
+    with store.local_copy(uri) as path:
+        found = probe(path)
+        where = str(path) if store.scheme == "file" else uri
+    shape = f"{found.width}×{found.height}, {found.frames} frames" + (", with audio" if found.audio else "")
+    return f"{where}  ({found.duration_s:.1f} s, {shape})"
 
 
 def _give_the_project_a_ceiling(settings: Settings, scope: str) -> None:
