@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -68,9 +69,12 @@ def _episode(settings: Settings, record: list[Any]) -> str | None:
         return None
     uri = composed[-1].artifact.uri
     store = store_for_uri(uri, [open_store(settings.store_location())])
+    # The store names files by their hash; a copy under the task's name is what a person opens in a player.
+    where = (settings.state_dir / "episodes" / f"{record[0].task_id}.mp4").resolve()
+    where.parent.mkdir(parents=True, exist_ok=True)
     with store.local_copy(uri) as path:
-        found = probe(path)
-        where = str(path) if store.scheme == "file" else uri
+        shutil.copyfile(path, where)
+    found = probe(where)
     shape = f"{found.width}×{found.height}, {found.frames} frames" + (", with audio" if found.audio else "")
     return f"{where}  ({found.duration_s:.1f} s, {shape})"
 
