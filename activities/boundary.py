@@ -17,7 +17,7 @@ This module is imported by the workflow (passed through the sandbox: it is pure,
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Final
+from typing import Final, NoReturn
 
 from temporalio.exceptions import ApplicationError, FailureError
 
@@ -76,6 +76,15 @@ def to_application_error(error: BaseException) -> ApplicationError:
         # Unavailable, timeouts, 5xx, unreadable answers: the operation is reconciled on the next attempt.
         return ApplicationError(message, type=name)
     raise error  # not ours to classify: a bug, and Temporal's own failure handling reports it as it is
+
+
+def cross(error: Exception) -> NoReturn:
+    """Raise ``error`` as it crosses into Temporal: as itself if it already is an ApplicationError (re-raising
+    it "from" itself would make its cause chain a cycle), else as ``to_application_error`` makes it."""
+    converted = to_application_error(error)
+    if converted is error:
+        raise error
+    raise converted from error
 
 
 def error_type(error: BaseException) -> str | None:

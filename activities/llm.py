@@ -19,7 +19,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.boundary import to_application_error
+from activities.boundary import cross
 from activities.models import LlmDecideInput
 from activities.operation import heartbeating
 from ledger.errors import StaleEpoch
@@ -82,7 +82,9 @@ class ChatClient:
             )
         except httpx.HTTPError as e:
             raise ApplicationError(f"LLM unreachable: {type(e).__name__}", type="LlmUnavailable") from None
-        if r.status_code >= 500 or r.status_code == 429:
+        if r.status_code >= 500 or r.status_code in (401, 403, 408, 429):
+            # 401/403: the key was refused (rotated): retried until a person fixes it, like a paused route;
+            # never a refusal of the request itself.
             raise ApplicationError(f"LLM answered {r.status_code}", type="LlmUnavailable")
         if r.status_code >= 400:
             raise ApplicationError(
@@ -150,7 +152,7 @@ class LlmActivities:
                     # The fence before a paid call: a zombie of a fenced-off run never pays for a decision.
                     current = await asyncio.to_thread(self.recorder.current_epoch, inp.task_id)
                     if current != inp.epoch:
-                        raise to_application_error(StaleEpoch(inp.task_id, inp.epoch, current or 0))
+                        cross(StaleEpoch(inp.task_id, inp.epoch, current or 0))
                 question = json.dumps({"task": inp.summary}, sort_keys=True, default=str)
                 reply = await self.chat.complete(DECIDE_SYSTEM % inp.allowed, question)
                 beat.beat(dataclasses.asdict(reply) | {"cost": str(reply.cost)})  # a retry reuses the answer

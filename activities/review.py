@@ -27,7 +27,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.boundary import to_application_error
+from activities.boundary import cross
 from activities.llm import ChatClient, ChatReply
 from activities.models import GateInput, StageInput
 from activities.operation import Heartbeat, Operation, heartbeating
@@ -171,7 +171,7 @@ class ReviewActivities:
                     return state.result
                 return await self._compose(op, inp)
         except Exception as e:
-            raise to_application_error(e) from e
+            cross(e)
 
     async def _compose(self, op: Operation, inp: StageInput) -> StoredEvent:
         p = await self._projection(inp.task_id)
@@ -218,7 +218,7 @@ class ReviewActivities:
                     return state.result  # a retry after the verdict was recorded: never pay for it twice
                 return await self._review(op, state, inp, beat)
         except Exception as e:
-            raise to_application_error(e) from e
+            cross(e)
 
     async def _review(
         self, op: Operation, state: OperationState, inp: StageInput, beat: Heartbeat
@@ -289,7 +289,7 @@ class ReviewActivities:
                     return state.result
                 return await self._gate(op, inp)
         except Exception as e:
-            raise to_application_error(e) from e
+            cross(e)
 
     async def _gate(self, op: Operation, inp: GateInput) -> StoredEvent:
         p = await self._projection(inp.task_id)

@@ -25,7 +25,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.boundary import NotYetProvable, RoutePaused, to_application_error
+from activities.boundary import NotYetProvable, RoutePaused, cross
 from activities.models import CloseInput, StageInput, SweepInput
 from activities.operation import Operation
 from artifacts.store import ArtifactCorrupt, ArtifactStore
@@ -122,9 +122,9 @@ class StageActivities:
             await self._abandon(op, inp, attempt)
             raise
         except VendorAuthError as e:
-            raise to_application_error(await self._pause(inp.executor, e)) from e
+            cross(await self._pause(inp.executor, e))
         except Exception as e:
-            raise to_application_error(e) from e
+            cross(e)
 
     async def _pause(self, route: str, error: VendorAuthError) -> RoutePaused:
         """A credentials error: the route pauses for every worker and task, and a person is paged."""
@@ -503,7 +503,7 @@ class StageActivities:
                 # the vendor's invoice.
                 return await op.unknown(f"the task ended and the vendor could not answer: {e}")
         except Exception as e:
-            raise to_application_error(e) from e
+            cross(e)
 
     @activity.defn(name="operation.sweep")
     async def sweep(self, inp: SweepInput) -> int:
@@ -525,7 +525,7 @@ class StageActivities:
                 found += await self._sweep_one(inp, key, op_events)
             return found
         except Exception as e:
-            raise to_application_error(e) from e
+            cross(e)
 
     async def _sweep_one(self, inp: SweepInput, key: str, op_events: list[StoredEvent]) -> int:
         result = next((e for e in op_events if is_result_key(e.dedup_key)), None)

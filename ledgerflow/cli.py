@@ -440,6 +440,70 @@ def dlq(as_json: Annotated[bool, typer.Option("--json", help="machine-readable o
         out.print(people.dlq_view(entries), soft_wrap=True, highlight=False)
 
 
+routes_app = typer.Typer(
+    no_args_is_help=False, invoke_without_command=True, help="Vendor routes and their state."
+)
+app.add_typer(routes_app, name="routes")
+
+
+@routes_app.callback()
+@friendly
+def routes_list(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Every route of this deployment (LEDGERFLOW_ROUTES_FILE, or the built-in table) and its state."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ledgerflow.routes_view import route_rows, routes_table
+
+    rows = route_rows(get_settings())
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+    else:
+        out.print(routes_table(rows))
+
+
+@routes_app.command("resume")
+@friendly
+def routes_resume(
+    route: str,
+    actor: Annotated[str, typer.Option("--as", help="who fixed it (recorded)")] = "operator",
+    note: Annotated[str, typer.Option("--note", help="what was fixed")] = "",
+) -> None:
+    """Resume a route paused by a credentials error, once its key is fixed (every worker picks it up)."""
+    settings = get_settings()
+    rec = lf.recorder(settings)
+    try:
+        resumed = rec.resume_route(route, actor, note)
+    finally:
+        rec.dispose()
+    out.print(f"route {route} resumed" if resumed else f"route {route} was not paused")
+
+
+@routes_app.command("check")
+@friendly
+def routes_check(path: Path) -> None:
+    """Validate a route file; one line naming the route and field if it is wrong (exit 2)."""
+    from vendors.routes import RouteError, load_table
+
+    try:
+        table = load_table(path) if path.exists() else None
+    except RouteError as e:
+        raise ConfigError(str(e)) from None
+    if table is None:
+        raise FileNotFoundError(f"no such route file: {path}")
+    out.print(f"{path}: {len(table.routes)} routes, {len(table.reviewers)} reviewers — valid")
+
+
+@routes_app.command("schema")
+def routes_schema() -> None:
+    """Print the route file's JSON schema."""
+    from vendors.routes import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
 def main() -> None:
     app()
 

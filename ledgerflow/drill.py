@@ -213,6 +213,7 @@ async def run_drill(
         "LEDGERFLOW_POLL_INTERVAL_SECONDS": "0.05",
         "LEDGERFLOW_VENDOR_MODE": mode,
         "LEDGERFLOW_VENDOR_API_KEY": "drill-key-1",
+        "LEDGERFLOW_LLM_API_KEY": "drill-key-1",  # the simulator is the model vendor too: one key, rotated
         "LEDGERFLOW_ROUTE_PAUSE_RETRY_SECONDS": "1",
     }
     if routes is not None:
@@ -271,7 +272,7 @@ async def run_drill(
                 httpx.put(f"{settings.vendor_url}/admin/config", json=rotated, timeout=10).raise_for_status()
                 await asyncio.sleep(4.0)
                 survivor.kill()
-                env["LEDGERFLOW_VENDOR_API_KEY"] = "drill-key-2"
+                env["LEDGERFLOW_VENDOR_API_KEY"] = env["LEDGERFLOW_LLM_API_KEY"] = "drill-key-2"
                 for route, state in rec.route_states().items():
                     if state.paused and rec.resume_route(route, "drill operator", "new key deployed"):
                         report.route_pauses += 1

@@ -33,7 +33,8 @@ class ArtifactFacts:
 
     sha256: str  # what the ledger registered
     actual_sha256: str | None  # what the file hashes to now; None: the file is missing
-    media: Media | None = None  # what the vendor said it delivered
+    media: Media | None = None  # what the file is (probed on arrival, for media), with the vendor's rights
+    claimed: Media | None = None  # what the vendor said, where that disagrees with the file
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,15 @@ def output_problems(spec: OutputSpec | None, media: Media | None) -> list[str]:
 def _media(facts: Facts) -> list[CheckResult]:
     out = []
     for n in facts.nodes:
-        if n.output is None or n.artifact is None:
-            continue  # no bounds declared; or nothing delivered (technical.hash flags that)
-        if problems := output_problems(n.output, n.artifact.media):
+        if n.artifact is None:
+            continue  # nothing delivered (technical.hash flags that)
+        a = n.artifact
+        if a.claimed is not None and a.media is not None and (wrong := claim_disagrees(a.media, a.claimed)):
+            # The file is what counts (it was probed); a vendor whose word differs from its file is worth
+            # knowing about, not worth redoing the work for.
+            message = f"{n.node}: the vendor's claim disagrees with the file ({'; '.join(wrong)})"
+            out.append(CheckResult(MEDIA.name, Severity.SOFT, message, (n.node,)))
+        if n.output is not None and (problems := output_problems(n.output, a.media)):
             out.append(CheckResult(MEDIA.name, Severity.REWORK, f"{n.node} {'; '.join(problems)}", (n.node,)))
     return out
 
@@ -247,7 +254,7 @@ def facts_for(
         artifact = None
         if node in artifacts:
             ref, actual = artifacts[node]
-            artifact = ArtifactFacts(ref.sha256, actual, ref.media)
+            artifact = ArtifactFacts(ref.sha256, actual, ref.media, ref.claimed)
         out.append(NodeFacts(node, stage.input, stage.output, artifact))
     review = p.plan.review
     return Facts(tuple(out), review.require_rights, review.banned_terms, gated)

@@ -172,6 +172,23 @@ def test_a_stage_without_output_bounds_is_not_media_checked() -> None:
     assert phase1(facts(node(artifact=artifact(bad)))) == []
 
 
+def test_a_vendor_claim_that_disagrees_with_the_probed_file_is_a_soft_finding() -> None:
+    claimed = media(duration_s=60.0, width=3840, height=2160)
+    found = ArtifactFacts(sha256="abc", actual_sha256="abc", media=GOOD_MEDIA, claimed=claimed)
+    results = phase1(facts(node(output=BOUNDS, artifact=found)))
+    assert by_check(results) == {
+        "technical.media": [
+            (
+                Severity.SOFT,
+                "edit: the vendor's claim disagrees with the file (duration 60s claimed, 30s found; "
+                "width 3840 claimed, 1920 found; height 2160 claimed, 1080 found)",
+                ("edit",),
+            )
+        ]
+    }
+    assert aggregate(results)[0] == Verdict.SOFT_WARNING  # the file is within bounds: nothing to redo
+
+
 def test_bounds_with_no_media_metadata_to_hold_them_to_ask_for_rework() -> None:
     results = phase1(facts(node(output=BOUNDS, artifact=artifact(None)), require_rights=False))
     assert by_check(results) == {
