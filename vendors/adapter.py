@@ -122,6 +122,9 @@ class Capabilities:
     synchronous: bool  # submit returns the finished result (no job to poll, no late creation)
     has_billing: bool  # charged() reads the vendor's own billing record
     free: bool = False  # no vendor money is involved: redoing the work is harmless (the local adapter)
+    # The protocol sends an idempotency key the vendor deduplicates on (a resubmission is a lookup). Without
+    # one, a route's ``idempotent`` (the default of a route that states no mode) cannot hold.
+    deduplicates: bool = False
 
 
 class VendorAdapter(Protocol):
@@ -167,9 +170,16 @@ def job_amount(route: RouteSpec, job: VendorJob) -> VendorAmount:
 
 
 def mode_of(route: RouteSpec, caps: Capabilities) -> VendorMode:
-    """The mode reconciliation works with: the route's, never more than the adapter can do."""
+    """The mode reconciliation works with: the route's, never more than the adapter can do.
+
+    A route that states no mode is ``idempotent``; on an adapter that sends no idempotency key (predictions,
+    openai) trusting that would resubmit a maybe-sent request, and every resubmission is billed again.
+    """
     if caps.free:
         return VendorMode.IDEMPOTENT
-    if route.mode == VendorMode.LOOKUP_ONLY and not caps.can_lookup:
-        return VendorMode.NONE
-    return route.mode
+    mode = route.mode
+    if mode == VendorMode.IDEMPOTENT and not caps.deduplicates:
+        mode = VendorMode.LOOKUP_ONLY
+    if mode == VendorMode.LOOKUP_ONLY and not caps.can_lookup:
+        mode = VendorMode.NONE
+    return mode

@@ -72,6 +72,8 @@ class JobsAdapter(HttpVendor):
             can_cancel=True,
             synchronous=False,
             has_billing=True,
+            # The key is always sent; whether the vendor deduplicates on it only the route can say.
+            deduplicates=self.route.mode == VendorMode.IDEMPOTENT,
         )
 
     async def submit(

@@ -122,9 +122,11 @@ def test_an_mp4_cut_before_its_index_is_reported_truncated_not_just_undecodable(
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
     data = path.read_bytes()
+    # Where the cut lands (inside mdat or moov, or just after a box boundary) depends on the encoder's
+    # box sizes; what must hold is that it is reported as a truncation, not a decodable file.
     for cut in (int(len(data) * 0.7), len(data) - 5):
         path.write_bytes(data[:cut])
-        with pytest.raises(MediaInvalid, match=r"^truncated: '(mdat|moov)' box"):
+        with pytest.raises(MediaInvalid, match=r"^truncated: "):
             probe(path)
 
 

@@ -447,3 +447,43 @@ def test_task_id_argument_overrides_the_document() -> None:
 def test_task_id_override_is_validated_too() -> None:
     with pytest.raises(PlanError, match=r"^plan: task_id '\.\./x' is not a valid id"):
         validate_plan(raw_plan(), DEFAULT_ROUTES, task_id="../x")
+
+
+# ── data inputs (rules.inputs) ────────────────────────────────────────────────────────────────────────
+def test_an_input_naming_a_missing_stage_is_refused_naming_the_stage() -> None:
+    raw = raw_plan(stage("a"), stage("b", depends_on=["a"], inputs={"pic": "nope"}))
+    assert refused(raw) == "stage 'b': input 'pic' names unknown stage 'nope'"
+
+
+def test_an_input_naming_a_stage_that_is_not_upstream_is_refused() -> None:
+    raw = raw_plan(stage("a"), stage("b"), stage("c", depends_on=["a"], inputs={"pic": "b"}))
+    assert refused(raw) == "stage 'c': input 'pic' names 'b', which is not upstream of it"
+
+
+def test_fan_outs_of_different_widths_cannot_map_item_to_item_but_may_join() -> None:
+    frames = stage("frames", fan_out=3)
+    shots = stage("shots", fan_out=2, depends_on=["frames"], inputs={"frame": "frames"})
+    assert refused(raw_plan(frames, shots)) == (
+        "stage 'shots': input 'frame' maps 'frames' item to item, but it has 3 items and 'shots' has 2 "
+        "(write [frames] to receive all of them)"
+    )
+    joined = {**shots, "inputs": {"frames": ["frames"]}}
+    assert validate_plan(raw_plan(frames, joined), DEFAULT_ROUTES).stages[1].inputs == {"frames": ("frames",)}
+
+
+def test_an_input_may_name_any_ancestor_not_only_a_direct_dependency() -> None:
+    raw = raw_plan(
+        stage("a"), stage("gate", depends_on=["a"]), stage("c", depends_on=["gate"], inputs={"x": "a"})
+    )
+    plan = validate_plan(raw, DEFAULT_ROUTES)
+    assert plan.stages[2].inputs == {"x": "a"}
+
+
+def test_compose_may_only_assemble_known_stages() -> None:
+    raw = raw_plan(stage("a"), compose={"video": ["a", "ghost"]})
+    assert refused(raw) == "stage 'compose': assembles unknown stage 'ghost'"
+
+
+def test_a_cycle_through_inputs_is_a_cycle_of_dependencies_and_refused() -> None:
+    raw = raw_plan(stage("a", depends_on=["b"], inputs={"x": "b"}), stage("b", depends_on=["a"]))
+    assert refused(raw).startswith("stage 'a': dependency cycle")

@@ -46,6 +46,9 @@ class ExecutorProfile(BaseModel):
     )
     missing_rights: Rate = Field(default=0.0, description="report no rights metadata with the artifact")
     broken_code: Rate = Field(default=0.0, description="a drafted lesson's last code example raises")
+    truncated: Rate = Field(
+        default=0.0, description="deliver the file cut short (its sha256 advertised for the cut bytes)"
+    )
     # ── the unkind switches: what real vendors do ─────────────────────────────────────────────────────
     late_accept: Rate = Field(
         default=0.0, description="a POST creates its job only after late_accept_seconds"
@@ -140,13 +143,14 @@ class Draw:
     request_timeout: bool = False
     broken_code: bool = False
     false_claim: bool = False
+    truncated: bool = False
 
     @classmethod
     def for_attempt(cls, seed: int, key: str, attempt: int, p: ExecutorProfile) -> Draw:
         rng = random.Random(f"{seed}:{key}:{attempt}")
         # Always draw every number in the same order, so changing one rate never shifts the others' outcomes.
         # Rates added later draw after the earlier ones, so every outcome seeded before them stays the same.
-        u = [rng.random() for _ in range(15)]
+        u = [rng.random() for _ in range(16)]
         failure: Literal["technical", "content_rejected"] | None = None
         if u[4] < p.fail_technical:
             failure = "technical"
@@ -167,4 +171,5 @@ class Draw:
             request_timeout=u[12] < p.request_timeout,
             broken_code=u[13] < p.broken_code,
             false_claim=u[14] < p.false_claim,
+            truncated=u[15] < p.truncated,
         )

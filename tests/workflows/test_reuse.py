@@ -1,0 +1,110 @@
+"""Work is never redone without cause, and a bad artifact is never handed on (real servers, the simulator).
+
+* an input found missing or corrupt in the store is recorded lost and made again, never sent to a vendor;
+* a resubmitted plan of the same project (``reuse: project``) pays for nothing it already has;
+* a vendor file that does not decode is ``invalid_output`` with the probe's reason, retried with the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from rules.events import parse
+from rules.keys import operation_key
+from rules.projection import fold
+from vendors.simulator import Draw, ExecutorProfile
+
+
+def events_of(lf: Any, task_id: str, type_: str) -> list[Any]:
+    return [parse(e) for e in lf.recorder.read_events(task_id) if e.type == type_]
+
+
+TWO_STAGES = """
+goal: a frame, then a shot made from it
+budget_ceiling: 20
+approval: {{timeout: 2s, policy: approve}}
+project: {project}
+reuse: {reuse}
+stages:
+  - {{id: frame, executor: image.keyframe, estimate: 0.4, approval: true,
+      input: {{format: png, width: 64, height: 36}}}}
+  - {{id: shot, executor: video.motion, estimate: 1.2, depends_on: [frame],
+      input: {{format: mp4, duration_s: 1, width: 64, height: 36}}}}
+"""
+
+
+async def test_a_corrupted_input_is_made_again_and_never_handed_to_the_vendor(lf, sim):
+    """The frame's file is damaged while the shot waits (on the frame's approval): the shot's executor finds
+    it does not hash to its record, records it lost and sends nothing; the frame is made again."""
+    plan = lf.plan(TWO_STAGES.format(project="lost", reuse="task"))
+    handle = await lf.start(plan)
+    while not events_of(lf, plan.task_id, "Outcome"):
+        await asyncio.sleep(0.05)
+    [first] = events_of(lf, plan.task_id, "Outcome")
+    path = Path(unquote(urlparse(first.artifact.uri).path))
+    path.write_bytes(b"not the frame any more")  # the store's copy is damaged behind the ledger's back
+    result = await handle.result()
+
+    assert result.state == "Completed", result.summary
+    lost = [m for m in events_of(lf, plan.task_id, "SystemMarker") if m.kind == "artifact_lost"]
+    assert [(m.node, m.detail) for m in lost] == [("frame", first.artifact.sha256)]
+    frames = [o for o in events_of(lf, plan.task_id, "Outcome") if o.node == "frame"]
+    assert len(frames) == 2 and frames[1].reused_from is None  # made again, not "reused" from the bad copy
+    shots = [
+        i.action for i in events_of(lf, plan.task_id, "Intent") if getattr(i.action, "node", "") == "shot"
+    ]
+    charged = {c["idempotency_key"] for c in await sim.charges(f"{plan.task_id}:")}
+    sent = [s for s in shots if s.operation_key in charged]
+    assert len(shots) == 2 and len(sent) == 1, "the first shot was voided unsent; the vendor saw one request"
+    assert sent[0].input["inputs"]["frame"]["sha256"] == frames[1].artifact.sha256  # the good frame
+
+
+async def test_a_resubmitted_plan_of_the_same_project_reuses_every_output_and_pays_nothing(lf, sim):
+    first = lf.plan(TWO_STAGES.format(project="again", reuse="project"))
+    assert (await lf.run(first)).state == "Completed"
+    paid_once = await sim.total(first.task_id)
+
+    second = lf.plan(TWO_STAGES.format(project="again", reuse="project"))
+    result = await lf.run(second)
+
+    assert result.state == "Completed" and paid_once > 0
+    assert await sim.charges(f"{second.task_id}:") == [], "nothing sent to a vendor the second time"
+    reused = {
+        o.node: o.reused_from for o in events_of(lf, second.task_id, "Outcome") if o.node in ("frame", "shot")
+    }
+    assert reused == {
+        "frame": operation_key(first.task_id, "frame", 1),
+        "shot": operation_key(first.task_id, "shot", 1),
+    }
+    p = fold(lf.recorder.read_events(second.task_id))
+    assert p.spent == 0 or p.spent == p.inference_spent
+
+
+async def test_a_vendor_file_that_does_not_decode_is_invalid_output_and_retried_with_the_reason(lf, sim):
+    plan = lf.plan(TWO_STAGES.format(project="bad-files", reuse="task"))
+    key = functools.partial(operation_key, plan.task_id)
+    profile = ExecutorProfile(truncated=0.5)
+    seed = next(
+        s
+        for s in range(10_000)
+        if Draw.for_attempt(s, key("shot", 1), 0, profile).truncated
+        and not Draw.for_attempt(s, key("shot", 2), 0, profile).truncated
+        and not Draw.for_attempt(s, key("frame", 1), 0, profile).truncated
+    )
+    await sim.configure(seed=seed, executors={"video.motion": {"truncated": 0.5}})
+    result = await lf.run(plan)
+
+    assert result.state == "Completed", result.summary
+    [failure] = events_of(lf, plan.task_id, "Failure")
+    assert failure.kind == "invalid_output" and "truncated" in failure.error
+    assert failure.actual_cost == 1.2  # it was paid for
+    [retry] = [
+        i.action
+        for i in events_of(lf, plan.task_id, "Intent")
+        if getattr(i.action, "operation_key", "") == key("shot", 2)
+    ]
+    assert "truncated" in str(retry.input["feedback"]["previous_errors"])  # the problem is in the new request
