@@ -12,9 +12,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ledger.recorder import Recorder
 from ledgerflow.config import Settings, get_settings
+from reconcile.takeover import orphaned_tasks
 from rules.envelope import StoredEvent
 from rules.plan import Plan, Routes, load_plan
-from rules.projection import Projection, fold, summary
+from rules.projection import fold, summary
 from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
 
 
@@ -117,38 +118,13 @@ async def _outcome(handle: WorkflowHandle[Any, TaskResult], task_id: str, wait: 
     return {"workflow_id": handle.id, **result.summary}
 
 
-def task_histories(rec: Recorder, *, unfinished: bool) -> list[tuple[Projection, list[StoredEvent]]]:
-    """Every task in the ledger, folded (only unfinished ones if asked); histories that do not start with
-    TaskCreated (leases taken by something other than a task) are not tasks and are skipped."""
-    out = []
-    for task_id in rec.task_ids():
-        events = rec.read_events(task_id)
-        if not events or events[0].type != "TaskCreated":
-            continue
-        p = fold(events)
-        if not (unfinished and p.terminal):
-            out.append((p, events))
-    return out
-
-
 async def open_tasks_without_a_run(settings: Settings) -> list[str]:
-    """Tasks the ledger says are unfinished but whose workflow is not running (candidates for takeover)."""
+    """Tasks the ledger says are unfinished but whose workflow is not running (reconcile.takeover)."""
     rec = recorder(settings)
     try:
-        candidates = [p.task_id for p, _ in task_histories(rec, unfinished=True)]
+        return await orphaned_tasks(rec, await connect(settings), workflow_id)
     finally:
         rec.dispose()
-    client = await connect(settings)
-    orphans = []
-    for task_id in candidates:
-        try:
-            described = await client.get_workflow_handle(workflow_id(task_id)).describe()
-        except RPCError:
-            orphans.append(task_id)
-            continue
-        if described.status != WorkflowExecutionStatus.RUNNING:
-            orphans.append(task_id)
-    return orphans
 
 
 async def status(settings: Settings, task_id: str) -> dict[str, Any]:

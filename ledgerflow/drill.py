@@ -10,6 +10,7 @@ vendor total difference, orphaned INTENTs, tasks completed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import random
@@ -52,22 +53,11 @@ SIM_CONFIG = {
     "executors": {"image.keyframe": {"latency_seconds": 0.6}},
 }
 DRILL_EXECUTORS = ("llm.text", "image.keyframe", "edit.assembly")
-# Every habit of real vendors at once (vendors/simulator/config.py): charge-then-drop, jobs created after the
-# client gave up, keys forgotten, outputs purged, results on a CDN, figures finer than the ledger, 408s,
-# 429s and slow answers. The routes say what the vendor promises (timeouts, acceptance window, retention).
-REALISTIC: dict[str, Any] = {
-    "drop_response": 0.05,
-    "late_accept": 0.05,
-    "late_accept_seconds": 2.0,
-    "key_retention_seconds": 6.0,
-    "purge_after_seconds": 4.0,
-    "absolute_urls": True,
-    "cost_decimals": 7,
-    "request_timeout": 0.03,
-    "rate_limit": 0.05,
-    "slow": 0.05,
-    "slow_seconds": 0.5,
-}
+# Every habit of real vendors at once, per executor (vendors/simulator/config.py): charge-then-drop, jobs
+# created after the client gave up, keys forgotten, outputs purged, results on a CDN, figures finer than the
+# ledger, 408s, 429s and slow answers. The routes say what the vendor promises (timeouts, acceptance window,
+# key retention).
+REALISTIC_PROFILE = ROOT / "examples" / "simulator_realistic.json"
 REALISTIC_ROUTE: dict[str, Any] = {
     "timeouts": {"request": 1.0},
     "max_accept_seconds": 4.0,
@@ -79,10 +69,9 @@ def drill_setup(profile: str, mode: str) -> tuple[dict[str, Any], dict[str, Any]
     """The simulator configuration and (for ``realistic``) the route table of a drill run."""
     if profile == "plain":
         return {**SIM_CONFIG, "mode": mode}, None
-    latency = {"llm.text": 0.3, "image.keyframe": 0.6, "edit.assembly": 0.3}
-    executors = {name: {**REALISTIC, "latency_seconds": latency[name]} for name in DRILL_EXECUTORS}
+    config = json.loads(REALISTIC_PROFILE.read_text())
     routes = {"routes": {name: {**REALISTIC_ROUTE, "mode": mode} for name in DRILL_EXECUTORS}}
-    return {"seed": 0, "mode": mode, "executors": executors}, routes
+    return {**config, "mode": mode}, routes
 
 
 class WorkerProcess:
@@ -189,7 +178,7 @@ async def run_drill(
 ) -> DrillReport:
     """Kill and freeze workers ``kills`` times under a workload, then check every money invariant.
 
-    ``profile="realistic"`` turns every unkind vendor habit on (``REALISTIC``), with routes that state what
+    ``profile="realistic"`` turns every unkind vendor habit on (``examples/simulator_realistic.json``), with routes that state what
     the vendor promises, rotates the vendor's key halfway through (the route pauses; the drill, as the
     operator, deploys the new key and resumes it) and answers dead letters and escalations as a person would
     (resume), so no task waits forever. ``mode`` is the vendor mode of the simulator and of every route.

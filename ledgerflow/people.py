@@ -21,8 +21,9 @@ from rich.text import Text
 from temporalio.service import RPCError, RPCStatusCode
 
 from ledgerflow import client
-from ledgerflow.client import ClientError, connect, recorder, task_histories
+from ledgerflow.client import ClientError, connect, recorder
 from ledgerflow.config import Settings
+from reconcile.takeover import task_histories
 from rules.actions import RequestKind
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
