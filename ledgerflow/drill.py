@@ -178,10 +178,11 @@ async def run_drill(
 ) -> DrillReport:
     """Kill and freeze workers ``kills`` times under a workload, then check every money invariant.
 
-    ``profile="realistic"`` turns every unkind vendor habit on (``examples/simulator_realistic.json``), with routes that state what
-    the vendor promises, rotates the vendor's key halfway through (the route pauses; the drill, as the
-    operator, deploys the new key and resumes it) and answers dead letters and escalations as a person would
-    (resume), so no task waits forever. ``mode`` is the vendor mode of the simulator and of every route.
+    ``profile="realistic"`` turns every unkind vendor habit on (``examples/simulator_realistic.json``),
+    with routes that state what the vendor promises; rotates the vendor's key halfway through (the route
+    pauses; the drill, as the operator, deploys the new key and resumes it); and answers dead letters and
+    escalations as a person would (resume), so no task waits forever. ``mode`` is the vendor mode of the
+    simulator and of every route.
     """
     rng = random.Random(seed)
     info = stack.up(settings, with_worker=False)
