@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench up down clean
+.PHONY: install demo test lint bench drill up down clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.compare
+
+# The crash drill with every unkind vendor habit on, once per vendor mode (long: not part of `make test`).
+drill: $(STAMP)
+	for mode in idempotent lookup_only none; do \
+		$(BIN)/ledgerflow drill --profile realistic --mode $$mode --kills 30 || exit 1; \
+	done
 
 up: $(STAMP)
 	$(BIN)/ledgerflow up
