@@ -8,8 +8,9 @@ of the error, so the workflow reads a typed error, never a message:
 * **retry later** — the vendor or the ledger is unreachable, rate-limits (after its ``Retry-After``), the
   route is paused for a person, or a maybe-sent request cannot be proven absent yet (after that long);
 * **stop** — the run was fenced off (``StaleEpoch``: another run holds the task), or a bug (a ledger error
-  that is not about availability): never retried; the workflow then closes the operation from the record
-  and the vendor (``operation.close``), so nothing is left open and nothing is written off at zero.
+  that is not about availability, an error nobody classified): never retried; the workflow then closes the
+  operation from the record and the vendor (``operation.close``), so nothing is left open and nothing is
+  written off at zero.
 
 This module is imported by the workflow (passed through the sandbox: it is pure, no I/O).
 """
@@ -21,6 +22,7 @@ from typing import Final, NoReturn
 
 from temporalio.exceptions import ApplicationError, FailureError
 
+from artifacts.store import ArtifactError
 from ledger.errors import LedgerError, LedgerUnavailable, StaleEpoch
 from vendors.errors import VendorError, VendorRateLimited
 
@@ -72,10 +74,12 @@ def to_application_error(error: BaseException) -> ApplicationError:
         return ApplicationError(message, type=name, next_retry_delay=_delay(error.retry_s))
     if isinstance(error, NotYetProvable):
         return ApplicationError(message, type=name, next_retry_delay=_delay(error.wait_s))
-    if isinstance(error, VendorError):
-        # Unavailable, timeouts, 5xx, unreadable answers: the operation is reconciled on the next attempt.
+    if isinstance(error, VendorError | ArtifactError | OSError):
+        # Unavailable, timeouts, 5xx, unreadable answers, a storage hiccup: reconciled on the next attempt.
         return ApplicationError(message, type=name)
-    raise error  # not ours to classify: a bug, and Temporal's own failure handling reports it as it is
+    # Anything else is a bug no retry can fix: never retried forever with a reservation held. The workflow
+    # closes the operation from the record and the vendor (operation.close), and a person sees the error.
+    return ApplicationError(f"{name}: {message}", type=name, non_retryable=True)
 
 
 def cross(error: Exception) -> NoReturn:

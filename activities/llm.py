@@ -46,13 +46,23 @@ class ChatReply:
 
 class ChatClient:
     def __init__(
-        self, client: httpx.AsyncClient, base_url: str, api_key: str, model: str, price_per_1k: Decimal
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        api_key: str,
+        model: str,
+        price_per_1k: Decimal,
+        *,
+        timeout: float = 120.0,
     ):
         self._client = client
         self._base = base_url.rstrip("/")
         self._key = api_key
         self.model = model
         self._price = price_per_1k
+        # One timeout for the whole call, the one the review's write-ahead marker records (the shared client's
+        # own 30 s would cut a slow model off and have it asked, and paid, again).
+        self.timeout = timeout
 
     async def complete(
         self, system: str, user: str, *, schema: dict[str, Any] | None = None, schema_name: str = "output"
@@ -79,6 +89,7 @@ class ChatClient:
                 f"{self._base}/v1/chat/completions",
                 json=body,
                 headers={"Authorization": f"Bearer {self._key}"},
+                timeout=self.timeout,
             )
         except httpx.HTTPError as e:
             raise ApplicationError(f"LLM unreachable: {type(e).__name__}", type="LlmUnavailable") from None

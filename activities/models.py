@@ -40,6 +40,9 @@ class CloseInput(BaseModel):
     executor: str
     estimate: Decimal
     epoch: int = 0  # closing never calls a vendor to create anything: it is not fenced
+    gave_up: str | None = None  # why its executor ended without a result (None: the task ended)
+    output: OutputSpec | None = None  # the node's bounds, for a job that succeeded meanwhile
+    input_hash: str | None = None
 
 
 class SweepInput(BaseModel):
@@ -51,7 +54,7 @@ class GateInput(BaseModel):
     node: str
     operation_key: str
     input_version: int
-    epoch: int = 0
+    epoch: int | None = None  # None: scheduled before gates were fenced (opened unfenced)
 
 
 class RecordDecisionInput(BaseModel):

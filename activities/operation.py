@@ -26,7 +26,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.boundary import RoutePaused
+from activities.boundary import NotYetProvable, RoutePaused
 from ledger.errors import LedgerError, StaleEpoch
 from ledger.recorder import Recorder
 from ledgerflow.faults import mark
@@ -81,6 +81,7 @@ class Operation:
         self.task_id, self.node, self.key = task_id, node, key
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
+        self.resolved_here = False
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
     async def open(self, *, fenced: bool = True) -> OperationState:
@@ -110,8 +111,10 @@ class Operation:
         release: Decimal = Decimal(0),
         spend: Decimal = Decimal(0),
         fenced: bool = False,
+        unless_resolved: bool = False,
     ) -> tuple[StoredEvent, bool]:
-        """An idempotent append (first write of its key wins); ``fenced``: only under this run's epoch."""
+        """An idempotent append (first write of its key wins); ``fenced``: only under this run's epoch;
+        ``unless_resolved``: only while the operation has no result (AlreadyResolved otherwise)."""
         append = functools.partial(
             self.recorder.append_idempotent,
             self.task_id,
@@ -119,6 +122,7 @@ class Operation:
             release=release,
             spend=spend,
             fence_epoch=self.epoch if fenced else None,
+            unless=result_key(self.key) if unless_resolved else None,
         )
         return await asyncio.to_thread(append)
 
@@ -126,24 +130,27 @@ class Operation:
         """Write-ahead before a paid call: the ``submitting`` marker of the next send, fenced by the epoch.
 
         After a crash this marker is what tells "maybe sent" from "never sent", and its time and timeout say
-        until when the send could still create a job. Fenced: a zombie of a fenced-off run writes nothing
-        here and so never calls the vendor (StaleEpoch). Returns the send's number.
+        until when the send could still create a job. It is written in one statement that takes the task's
+        lease lock and checks two things, so nothing can slip between the check and the send:
+
+        * the epoch is this run's: a zombie of a fenced-off run writes nothing, so never calls the vendor
+          (StaleEpoch);
+        * the operation has no result yet: if the task's end (``operation.close``) or another attempt resolved
+          it, nothing may be sent any more (AlreadyResolved: the caller returns that result).
+
+        Returns the send's number. If another attempt of this operation wrote the same send meanwhile (two
+        attempts at once, e.g. one whose heartbeat was lost), this one does not send: it retries shortly and
+        reconciles, which then sees that send.
         """
         n = state.next_send
-        while True:
-            marker = SystemMarker(
-                kind=MarkerKind.SUBMITTING,
-                node=self.node,
-                operation_key=self.key,
-                send=n,
-                timeout_s=timeout_s,
-            )
-            _, inserted = await self.write(
-                to_new(marker, dedup_key=submitting_key(self.key, n), operation_key=self.key), fenced=True
-            )
-            if inserted:
-                return n
-            n += 1  # another attempt of this operation wrote send n meanwhile: this is the next one
+        marker = SystemMarker(
+            kind=MarkerKind.SUBMITTING, node=self.node, operation_key=self.key, send=n, timeout_s=timeout_s
+        )
+        new = to_new(marker, dedup_key=submitting_key(self.key, n), operation_key=self.key)
+        _, inserted = await self.write(new, fenced=True, unless_resolved=True)
+        if not inserted:
+            raise NotYetProvable(f"another attempt of {self.key} is sending (send {n}): reconcile first", 0.5)
+        return n
 
     async def refused(self, n: int, why: str) -> None:
         """The vendor refused send ``n`` before accepting anything: it is no longer "maybe sent"."""
@@ -157,7 +164,7 @@ class Operation:
         await self.write(to_new(event, dedup_key=progress_key(self.key, job_id), operation_key=self.key))
         mark("progress_recorded", op=self.key, job=job_id)
 
-    async def anomaly(self, detail: str, what: str = "") -> None:
+    async def anomaly(self, detail: str, what: str) -> None:
         """A cost anomaly: recorded as it is, never hidden or blocking; people and the audit see it."""
         marker = SystemMarker(
             kind=MarkerKind.COST_ANOMALY, node=self.node, operation_key=self.key, detail=detail[:2000]
@@ -190,8 +197,12 @@ class Operation:
     async def resolve(
         self, event: Outcome | Failure | ExecutionResult | SystemMarker, spend: Decimal
     ) -> StoredEvent:
-        """Write the operation's one resolution, settling its reservation at the actual cost, once."""
-        stored, _ = await self.write(
+        """Write the operation's one resolution, settling its reservation at the actual cost, once.
+
+        ``resolved_here`` says whether this call wrote it (False: someone else's result stands, and the
+        caller must account for anything it paid for itself).
+        """
+        stored, self.resolved_here = await self.write(
             to_new(event, dedup_key=result_key(self.key), operation_key=self.key),
             release=self.estimate,
             spend=spend,
@@ -211,12 +222,20 @@ class Operation:
         if amount.anomaly:
             await self.anomaly(amount.anomaly, "figure")
         if amount.amount > self.estimate:
-            await self.anomaly(f"actual {amount.amount} above the reserved estimate {self.estimate}")
+            why = f"actual {amount.amount} above the reserved estimate {self.estimate}"
+            await self.anomaly(why, "above_estimate")
         return amount.amount
 
-    async def failure(self, kind: FailureKind, error: str, cost: Decimal) -> StoredEvent:
+    async def failure(
+        self, kind: FailureKind, error: str, cost: Decimal, job_id: str | None = None
+    ) -> StoredEvent:
         event = Failure(
-            node=self.node, operation_key=self.key, kind=kind, error=error[:4000], actual_cost=cost
+            node=self.node,
+            operation_key=self.key,
+            kind=kind,
+            error=error[:4000],
+            actual_cost=cost,
+            job_id=job_id,
         )
         return await self.resolve(event, spend=cost)
 
@@ -227,7 +246,7 @@ class Operation:
 
     async def unknown(self, why: str) -> StoredEvent:
         """Nobody can say whether the vendor ran it: counted at the estimate, flagged, a person decides."""
-        await self.anomaly(f"possible charge: {why}")
+        await self.anomaly(f"possible charge: {why}", "possible")
         # Counted as spent at the reserved estimate: a charge that may have happened is accounted for, never
         # lost (the person who decides sees the anomaly and can check the vendor's invoice).
         error = f"the vendor cannot say whether {self.key} ran ({why}); not resubmitted"

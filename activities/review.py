@@ -38,6 +38,7 @@ from reconcile.operations import OperationState
 from rules import checks
 from rules.envelope import StoredEvent
 from rules.events import ArtifactRef, ExecutionResult, FailureKind, Media, Outcome, Verdict
+from rules.money import VendorAmount
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import Projection, fold
 from rules.verdicts import (
@@ -48,6 +49,7 @@ from rules.verdicts import (
     parse_judgement,
     score_results,
 )
+from vendors.local import refs
 from vendors.registry import Adapters
 
 CONTENT_REVIEWER = "content.llm"  # the plan's review.reviewers entry that enables phase 2
@@ -153,7 +155,7 @@ class ReviewActivities:
             task_id=inp.task_id,
             node=inp.node,
             key=inp.operation_key,
-            epoch=inp.epoch,
+            epoch=inp.epoch if inp.epoch is not None else 0,
             estimate=estimate,
         )
 
@@ -177,8 +179,19 @@ class ReviewActivities:
         p = await self._projection(inp.task_id)
         inputs = inp.input.get("inputs") or {}
         if p.plan.compose is not None and self.adapters is not None and inputs.get("shots"):
+            assembler = self.adapters.get("media.assemble")
+            if not assembler.capabilities.free:
+                # compose spends nothing (its estimate is 0): an assembler that costs money needs a stage.
+                error = "the media.assemble route must be local (free); make paid assembly a stage of its own"
+                return await op.failure(FailureKind.INVALID_OUTPUT, error, Decimal(0))
+            for ref in refs(inputs):
+                store = self.store_for(ref["uri"])
+                if not await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"]):
+                    # A shot whose bytes are gone or changed is never assembled: its producer makes it again.
+                    await op.lost(str(ref.get("node")), ref["sha256"])
+                    return await op.void(f"input {ref.get('node')} is missing or corrupt in the store")
             request = {"shots": inputs["shots"], "audio": inputs.get("audio")}
-            job = await self.adapters.get("media.assemble").submit(
+            job = await assembler.submit(
                 operation_key=op.key, executor="media.assemble", request=request, estimate=Decimal(0)
             )
             if job.status != "succeeded" or job.inline is None:
@@ -261,6 +274,12 @@ class ReviewActivities:
         cached = _cached_reply(beat.details, qid)
         if cached is not None:
             return cached
+        for earlier in state.maybe_sent:
+            # An earlier attempt asked and its answer was lost with it: the model may have billed that call.
+            lost = VendorAmount(None, "an answer lost with its attempt", "")
+            await op.late_charge(
+                f"send-{earlier.n}", lost, "a model call whose answer was lost may have been billed"
+            )
         await op.sending(state, CHAT_TIMEOUT_S)
         reply = await self.chat.complete(
             REVIEW_SYSTEM, question, schema=judgement_schema(), schema_name="judgement"
@@ -284,7 +303,7 @@ class ReviewActivities:
         op = self._operation(inp, Decimal(0))
         try:
             async with heartbeating():
-                state = await op.open()
+                state = await op.open(fenced=inp.epoch is not None)  # unfenced: scheduled before epochs
                 if state.result is not None:
                     return state.result
                 return await self._gate(op, inp)

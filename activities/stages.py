@@ -17,6 +17,7 @@ for a key after the operation was voided and records their charges.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -27,8 +28,9 @@ from temporalio import activity
 
 from activities.boundary import NotYetProvable, RoutePaused, cross
 from activities.models import CloseInput, StageInput, SweepInput
-from activities.operation import Operation
+from activities.operation import Heartbeat, Operation, heartbeating
 from artifacts.store import ArtifactCorrupt, ArtifactStore
+from ledger.errors import AlreadyResolved, StaleEpoch
 from ledger.recorder import Recorder
 from ledgerflow.faults import mark
 from media import MediaInvalid, probe
@@ -44,17 +46,19 @@ from vendors.adapter import Capabilities, JobStatus, VendorAdapter, VendorJob, j
 from vendors.errors import (
     UnsafeResultUrl,
     VendorAuthError,
+    VendorCannotTell,
     VendorConflict,
     VendorError,
     VendorNotFound,
     VendorRejected,
+    VendorUnavailable,
 )
 from vendors.local import refs
 from vendors.registry import Adapters
 from vendors.routes import RouteSpec
 
 # operation.close asks an unreachable vendor this many times before counting the operation at its estimate.
-CLOSE_VENDOR_ATTEMPTS = 3
+CLOSE_VENDOR_ATTEMPTS = 6  # with CLOSE_RETRY's backoff: about half a minute of trying
 MEDIA_FORMATS = frozenset({"png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "webm", "wav", "mp3", "m4a"})
 # Framework work (compose, review, gate) has no route: nothing to look up, and only the review pays (a model
 # call, which cannot be looked up either).
@@ -66,6 +70,13 @@ class _Attempt:
 
     def __init__(self) -> None:
         self.job_id: str | None = None
+        self.beat: Heartbeat | None = None
+
+    def accepted(self, job_id: str) -> None:
+        """The vendor holds this job: heartbeat its id from now on, so a retry resumes it."""
+        self.job_id = job_id
+        if self.beat is not None:
+            self.beat.beat(job_id)
 
 
 class ResultProblem(Exception):
@@ -117,7 +128,18 @@ class StageActivities:
             state = await op.open()
             if state.result is not None:
                 return state.result  # a retry after the result was written: nothing left to do
-            return await self._attempt(op, adapter, inp, state, attempt)
+            # Heartbeat all along (verifying inputs, a long synchronous call, a download), not only while
+            # polling: an attempt that stops heartbeating is given to another worker, and two attempts of one
+            # operation at once is what a fence cannot fully undo.
+            async with heartbeating() as beat:
+                attempt.beat = beat
+                return await self._attempt(op, adapter, inp, state, attempt)
+        except AlreadyResolved:
+            # The operation was resolved while this attempt worked (the task's end closed it, or another
+            # attempt did): nothing was sent by this attempt after that; the recorded result stands.
+            resolved = await op.open(fenced=False)
+            assert resolved.result is not None
+            return resolved.result
         except asyncio.CancelledError:
             await self._abandon(op, inp, attempt)
             raise
@@ -126,8 +148,8 @@ class StageActivities:
         except Exception as e:
             cross(e)
 
-    async def _pause(self, route: str, error: VendorAuthError) -> RoutePaused:
-        """A credentials error: the route pauses for every worker and task, and a person is paged."""
+    async def _pause(self, route: str, error: VendorError) -> RoutePaused:
+        """A credentials (or address) error: the route pauses for every worker and task, a person is paged."""
         await asyncio.to_thread(self.recorder.pause_route, route, str(error), self.actor)
         return RoutePaused(route, str(error), self.pause_retry_s)
 
@@ -150,7 +172,9 @@ class StageActivities:
             raise NotYetProvable(step.why, step.wait_s)
         if step.next == Next.RESUME:
             assert step.job_id is not None
-            attempt.job_id = step.job_id
+            attempt.accepted(step.job_id)
+            for extra in step.extra:
+                await self._charge_extra(op, adapter, extra, "a second job found under the operation's key")
             got = step.job or await self._get(op, adapter, step.job_id)
             if isinstance(got, StoredEvent):
                 return got
@@ -180,40 +204,76 @@ class StageActivities:
         files = await self._input_urls(op, inp)
         if isinstance(files, StoredEvent):
             return files  # an input is gone: nothing was sent, its producer makes it again
-        send = None if caps.free else await op.sending(state, adapter.route.timeouts.request)
+        timeout = adapter.route.timeouts.request
+        send = None if caps.free else await op.sending(state, timeout)
         mark("submitting", op=op.key)
         try:
-            job = await adapter.submit(
-                operation_key=op.key,
-                executor=inp.executor,
-                request=inp.input,
-                estimate=inp.estimate,
-                files=files,
-            )
+            # A deadline for the whole send from the marker on (httpx's timeout is per phase: a pooled
+            # connection's wait plus connect plus write could outlast the time the marker promises).
+            async with asyncio.timeout(timeout):
+                job = await adapter.submit(
+                    operation_key=op.key,
+                    executor=inp.executor,
+                    request=inp.input,
+                    estimate=inp.estimate,
+                    files=files,
+                )
+        except TimeoutError:
+            raise VendorUnavailable(f"submit of {op.key}: no answer within {timeout:g}s") from None
         except VendorError as e:
             if e.refused and send is not None:
                 await op.refused(send, str(e))  # provably not accepted: no longer "maybe sent"
+            earlier = bool(state.maybe_sent) and not caps.free
+            if isinstance(e, VendorNotFound):
+                # A 404 to a submit is the route's address, not the request: nothing was accepted; pause the
+                # route for a person instead of retrying a wrong URL forever.
+                if send is not None:
+                    await op.refused(send, str(e))
+                raise await self._pause(inp.executor, e) from e
             if isinstance(e, VendorRejected) and not isinstance(e, VendorAuthError):
+                if earlier:
+                    # An earlier send may have been accepted (and this one refused because of it): its charge
+                    # is not zero. Find it, or ask a person.
+                    return await self._after_refusal(op, adapter, state, e, attempt)
                 # The request itself is refused: resending it unchanged cannot help. Nothing was accepted.
                 return await op.failure(
                     FailureKind.CONTENT, f"the vendor refused the request: {e}", Decimal(0)
                 )
-            if isinstance(e, VendorConflict) and caps.can_lookup:
+            if isinstance(e, VendorConflict):
                 # The key is in use at the vendor (a request still in flight, or an earlier send): adopt what
                 # it holds under the key, or look again shortly; never resubmit into a conflict.
-                found = await adapter.find_by_key(op.key)
-                if not found:
-                    why = f"the key is in use at the vendor ({e}) but no job is visible yet"
-                    raise NotYetProvable(why, 1.0) from e
-                job = found[0]
-            else:
-                raise
-        attempt.job_id = job.id
+                return await self._after_refusal(op, adapter, state, e, attempt)
+            raise
+        attempt.accepted(job.id)
         mark("vendor_accepted", op=op.key, job=job.id)
-        activity.heartbeat(job.id)
         if job.status == JobStatus.RUNNING:
             await op.progress(job.id, job.progress)
         return job
+
+    async def _after_refusal(
+        self, op: Operation, adapter: VendorAdapter, state: OperationState, e: VendorError, attempt: _Attempt
+    ) -> VendorJob | StoredEvent:
+        """A submit refused because of what the vendor already holds under the key: adopt it, or wait until
+        it shows (while a send could still land), or — nothing to look it up with — ask a person."""
+        if not adapter.capabilities.can_lookup:
+            return await op.unknown(f"the vendor refused a resubmission ({e}) and cannot look the key up")
+        found = await adapter.find_by_key(op.key)
+        if found:
+            attempt.accepted(found[0].id)
+            for extra in found[1:]:
+                await self._charge_extra(op, adapter, extra, "a second job found under the operation's key")
+            return found[0]
+        provable = state.provable_at(adapter.route)
+        if provable is not None and state.now < provable:
+            why = f"the key is in use at the vendor ({e}) but no job is visible yet"
+            raise NotYetProvable(why, min(1.0, (provable - state.now).total_seconds() + 0.1)) from e
+        return await op.unknown(f"the vendor refused the key ({e}) but no job of it can be found")
+
+    async def _charge_extra(self, op: Operation, adapter: VendorAdapter, job: VendorJob, why: str) -> None:
+        """A job of this operation beyond the one it keeps: stop it, and record what it cost."""
+        if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
+            job = await _cancel(adapter, job.id)
+        await op.late_charge(job.id, job_amount(adapter.route, job), why)
 
     async def _input_urls(self, op: Operation, inp: StageInput) -> dict[str, str] | StoredEvent:
         """Every input, verified against its recorded sha256, and a URL the vendor can fetch it from.
@@ -262,24 +322,31 @@ class StageActivities:
         return await op.resolve(outcome, spend=Decimal(0))
 
     async def _project_output(self, inp: StageInput) -> dict[str, Any] | None:
-        """A reusable output of an earlier task of the project for this input hash, if one exists."""
+        """A reusable output of an earlier task of the project for this input hash, if one exists.
+
+        An output is offered only if no task that has it — its maker, any task that reused it, and this task —
+        found it lost or had it blamed by a review: each task records that in its own ledger, so all of them
+        are read, not only the one that made it.
+        """
         assert inp.input_hash is not None and inp.reuse_project is not None
         found = await asyncio.to_thread(
             self.recorder.outputs_by_input_hash, inp.input_hash, inp.reuse_project
         )
-        for event in found:
-            if event.task_id == inp.task_id:
-                continue  # this task's own outputs are the rules' to offer (Dispatch.reuse)
-            p = fold(await asyncio.to_thread(self.recorder.read_events, event.task_id))
-            node = p.nodes.get(str(event.payload.get("node")))
-            output = (
-                next((o for o in node.outputs if o.operation_key == event.operation_key), None)
-                if node
-                else None
-            )
-            if output is not None and output.reusable:
-                return {"operation_key": output.operation_key, "artifact": output.artifact}
-        return None
+        refused: set[str] = set()
+        offers: list[dict[str, Any]] = []
+        for task_id in {inp.task_id, *(e.task_id for e in found)}:
+            p = fold(await asyncio.to_thread(self.recorder.read_events, task_id))
+            for node in p.nodes.values():
+                for out in node.outputs:
+                    sha = str(out.artifact.get("sha256"))
+                    if out.flagged or out.lost:
+                        refused.add(sha)
+                    elif task_id != inp.task_id and node.id == inp.node and out.input_hash == inp.input_hash:
+                        offers.append({"operation_key": out.operation_key, "artifact": out.artifact})
+        usable = [o for o in offers if o["artifact"].get("sha256") not in refused]
+        # The node's own bounds still hold: an output made under looser ones is not reused.
+        usable = [o for o in usable if not output_problems(inp.output, _media_of(o["artifact"]))]
+        return usable[-1] if usable else None
 
     async def _get(self, op: Operation, adapter: VendorAdapter, job_id: str) -> VendorJob | StoredEvent:
         try:
@@ -304,7 +371,7 @@ class StageActivities:
             await op.anomaly(
                 f"{why}; its charge cannot be read from the vendor: counted at the estimate {cost}"
             )
-        return await op.failure(FailureKind.TECHNICAL, why, cost)
+        return await op.failure(FailureKind.TECHNICAL, why, cost, job_id=job_id)
 
     async def _poll(
         self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
@@ -327,14 +394,26 @@ class StageActivities:
         self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
     ) -> StoredEvent:
         """Cancel a stalled job at the vendor and record the failure with what it cost so far."""
-        cancelled = await adapter.cancel(job.id)
+        cancelled = await _cancel(adapter, job.id)
         cost = await op.settle_cost(job_amount(adapter.route, cancelled))
         shown = f"{cancelled.progress:.0%}" if cancelled.progress is not None else "unknown progress"
         error = f"no progress for {inp.stall_after:g}s at {shown}: cancelled job {job.id}"
-        return await op.failure(FailureKind.STALLED, error, cost)
+        return await op.failure(FailureKind.STALLED, error, cost, job_id=job.id)
 
     # ── the result ────────────────────────────────────────────────────────────────────────────────────
     async def _settle(
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
+    ) -> StoredEvent:
+        """Record the finished job as the operation's result; if another result stands (another attempt, or
+        the task's end, resolved it meanwhile), this job was paid for all the same: record its charge."""
+        stored = await self._settle_job(op, adapter, inp, job)
+        if not op.resolved_here and stored.payload.get("job_id") != job.id:
+            await op.late_charge(
+                job.id, job_amount(adapter.route, job), "finished after another result stood"
+            )
+        return stored
+
+    async def _settle_job(
         self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
     ) -> StoredEvent:
         amount = job_amount(adapter.route, job)
@@ -342,16 +421,18 @@ class StageActivities:
             cost = await op.settle_cost(amount)
             content = job.error is not None and job.error.kind == "content_rejected"
             message = job.error.message if job.error is not None else f"job {job.id} ended {job.status}"
-            return await op.failure(FailureKind.CONTENT if content else FailureKind.TECHNICAL, message, cost)
+            kind = FailureKind.CONTENT if content else FailureKind.TECHNICAL
+            return await op.failure(kind, message, cost, job_id=job.id)
         try:
             artifact = await self._store_output(op, adapter, inp, job)
         except ResultProblem as e:
-            return await op.failure(e.kind, str(e), await op.settle_cost(amount))
+            return await op.failure(e.kind, str(e), await op.settle_cost(amount), job_id=job.id)
         cost = await op.settle_cost(amount)
         # The node check: an artifact outside its stage's output bounds is never registered as the node's
         # version; it is paid for, and the rules retry with the problem in the request.
         if problems := output_problems(inp.output, artifact.media):
-            return await op.failure(FailureKind.INVALID_OUTPUT, f"{inp.node} {'; '.join(problems)}", cost)
+            error = f"{inp.node} {'; '.join(problems)}"
+            return await op.failure(FailureKind.INVALID_OUTPUT, error, cost, job_id=job.id)
         outcome = Outcome(
             node=inp.node,
             operation_key=op.key,
@@ -447,8 +528,21 @@ class StageActivities:
             # The workflow closes whatever is still open (operation.close), from the record and the vendor.
             activity.logger.warning("could not stop %s on cancellation; the workflow will close it", op.key)
 
-    async def _stop(self, op: Operation, executor: str, heartbeat_job: str | None) -> StoredEvent:
-        """End an open operation now, never submitting: cancel its job and record what it cost."""
+    async def _stop(
+        self,
+        op: Operation,
+        executor: str,
+        heartbeat_job: str | None,
+        *,
+        gave_up: str | None = None,
+        stage: StageInput | None = None,
+    ) -> StoredEvent:
+        """End an open operation now, never submitting: cancel its job and record what it cost.
+
+        ``gave_up``: why its executor ended without a result (the task goes on): an operation that never
+        reached the vendor is then a technical Failure (counted against the node's retries, so a bug cannot
+        loop through voids), not a void. ``stage``: the node's request and bounds, for a job that succeeded.
+        """
         state = await op.open(fenced=False)
         if state.result is not None:
             return state.result
@@ -460,10 +554,13 @@ class StageActivities:
             step = stop_step(state, RouteSpec(), FRAMEWORK, heartbeat_job)
         else:
             step = await reconcile(adapter, adapter.route, state, op.key, heartbeat_job, stopping=True)
+        why = f"its executor gave up ({gave_up})" if gave_up else "the task ended"
+        if step.next == Next.VOID and gave_up:
+            return await op.failure(FailureKind.TECHNICAL, f"{why}; nothing reached the vendor", Decimal(0))
         if step.next == Next.VOID:
-            return await op.void(f"the task ended: {step.why}")
+            return await op.void(f"{why}: {step.why}")
         if step.next == Next.UNKNOWN or adapter is None:
-            return await op.unknown(f"the task ended: {step.why}")
+            return await op.unknown(f"{why}: {step.why}")
         if step.next == Next.WAIT:
             raise NotYetProvable(step.why, step.wait_s)
         assert step.job_id is not None
@@ -472,13 +569,13 @@ class StageActivities:
             return got
         job = got
         if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
-            job = await adapter.cancel(job.id)
+            job = await _cancel(adapter, job.id)
         if job.status == JobStatus.SUCCEEDED:
-            return await self._settle(op, adapter, _close_as_stage(op, executor), job)
+            return await self._settle(op, adapter, stage or _close_as_stage(op, executor), job)
         cost = await op.settle_cost(job_amount(adapter.route, job))
         shown = f"{job.progress:.0%}" if job.progress is not None else "?"
-        error = f"cancelled: the task ended while job {job.id} was {job.status} at {shown}"
-        return await op.failure(FailureKind.TECHNICAL, error, cost)
+        error = f"cancelled: {why} while job {job.id} was {job.status} at {shown}"
+        return await op.failure(FailureKind.TECHNICAL, error, cost, job_id=job.id)
 
     @activity.defn(name="operation.close")
     async def close(self, inp: CloseInput) -> StoredEvent:
@@ -490,18 +587,31 @@ class StageActivities:
         charge that may have happened.
         """
         op = self._operation(inp, None)
+        stage = StageInput(
+            task_id=inp.task_id,
+            node=inp.node,
+            operation_key=inp.operation_key,
+            attempt=0,
+            epoch=0,
+            executor=inp.executor,
+            estimate=inp.estimate,
+            output=inp.output,
+            input_hash=inp.input_hash,
+        )
         try:
             try:
-                return await self._stop(op, inp.executor, None)
-            except VendorError as e:
+                return await self._stop(op, inp.executor, None, gave_up=inp.gave_up, stage=stage)
+            except (NotYetProvable, StaleEpoch):
+                raise
+            except Exception as e:
                 if isinstance(e, VendorAuthError):
                     await self._pause(inp.executor, e)
-                if not isinstance(e, VendorAuthError) and activity.info().attempt < CLOSE_VENDOR_ATTEMPTS:
+                elif activity.info().attempt < CLOSE_VENDOR_ATTEMPTS:
                     raise
-                # The vendor cannot answer (its key is refused, or it stayed unreachable): the operation is
-                # counted at its estimate with a cost anomaly — never at zero — for a person to check against
-                # the vendor's invoice.
-                return await op.unknown(f"the task ended and the vendor could not answer: {e}")
+                # The vendor cannot answer (its key is refused, or it stayed unreachable, or its answers make
+                # no sense): the operation is counted at its estimate with a cost anomaly — never at zero —
+                # for a person to check against the vendor's invoice.
+                return await op.unknown(f"the vendor could not answer while closing {op.key}: {e}")
         except Exception as e:
             cross(e)
 
@@ -546,7 +656,10 @@ class StageActivities:
             return 0
         if not state.maybe_sent or not adapter.capabilities.can_lookup or adapter.capabilities.free:
             return 0
-        jobs = await adapter.find_by_key(key)
+        try:
+            jobs = await adapter.find_by_key(key)
+        except VendorCannotTell:
+            return 0  # the vendor cannot say (its listing is cut): nothing more to learn here
         op = Operation(
             self.recorder,
             task_id=inp.task_id,
@@ -557,7 +670,7 @@ class StageActivities:
         )
         for job in jobs:
             if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
-                job = await adapter.cancel(job.id)
+                job = await _cancel(adapter, job.id)
             await op.late_charge(
                 job.id, job_amount(adapter.route, job), "created after its operation was voided"
             )
@@ -575,3 +688,19 @@ def _close_as_stage(op: Operation, executor: str) -> StageInput:
         executor=executor,
         estimate=op.estimate,
     )
+
+
+async def _cancel(adapter: VendorAdapter, job_id: str) -> VendorJob:
+    """Cancel a job and return it as it ends: if the answer carries no cost (a vendor that cancels
+    asynchronously, or prices by metrics it reports only once done), read it once more."""
+    job = await adapter.cancel(job_id)
+    if job.cost is None and job.seconds is None:
+        # On failure the cancel's answer is all there is: job_amount flags what it cannot price.
+        with contextlib.suppress(VendorError):
+            job = await adapter.get(job_id)
+    return job
+
+
+def _media_of(artifact: dict[str, Any]) -> Media | None:
+    media = artifact.get("media")
+    return Media.model_validate(media) if isinstance(media, dict) else None

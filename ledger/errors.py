@@ -107,6 +107,18 @@ class InvalidAmount(LedgerError, ValueError):
         return (type(self), (self.name, self.value, self.reason))
 
 
+class AlreadyResolved(LedgerError):
+    """A write-ahead marker was refused because its operation already has its one result (nothing written):
+    whoever resolved it (the task's end closing it, another attempt) decided; nothing may be sent now."""
+
+    def __init__(self, dedup_key: str) -> None:
+        super().__init__(f"{dedup_key} is already recorded: the operation is resolved")
+        self.dedup_key = dedup_key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.dedup_key,))
+
+
 _CENT: Final = Decimal("0.01")
 
 

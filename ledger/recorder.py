@@ -45,6 +45,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger.errors import (
+    AlreadyResolved,
     BudgetRefused,
     DuplicateEvent,
     InvalidAmount,
@@ -461,11 +462,14 @@ class Recorder:
         spend: Decimal = Decimal(0),
         raise_ceiling: tuple[str, Decimal] | None = None,
         fence_epoch: int | None = None,
+        unless: str | None = None,
     ) -> tuple[StoredEvent, bool]:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
 
         With ``fence_epoch`` the write is also a fence: it happens only while that epoch is the task's
-        current one (StaleEpoch otherwise), in the same statement that takes the lease row's lock.
+        current one (StaleEpoch otherwise), in the same statement that takes the lease row's lock. With
+        ``unless`` it happens only while no event holds that dedup key (AlreadyResolved otherwise): checked
+        under the same lock, which every write of the task takes, so no write of that key can slip between.
 
         If this call inserts the event, the same transaction settles on every budget scope of the task:
         ``reserved -= release`` and ``spent += spend``; actual spend is recorded as it is, even past the
@@ -508,6 +512,9 @@ class Recorder:
                 assert fence_epoch is not None
                 raise StaleEpoch(task_id, fence_epoch, actual)
             next_seq, epoch = reserved[0], reserved[1]
+            if unless is not None and conn.execute(_BY_DEDUP_KEY, {"b_dedup_key": unless}).first():
+                conn.rollback()
+                raise AlreadyResolved(unless)
             inserted = conn.execute(_INSERT_IDEMPOTENT, _params(task_id, next_seq - 1, epoch, event)).first()
             if inserted is not None:
                 # An error below leaves the transaction uncommitted: closing the connection rolls it back.

@@ -105,6 +105,7 @@ class Step:
     why: str = ""
     wait_s: float = 0.0
     job: VendorJob | None = None  # a job found by the lookup
+    extra: tuple[VendorJob, ...] = ()  # more jobs found under the key: each one was paid for too
 
 
 def next_step(state: OperationState, route: RouteSpec, caps: Capabilities, heartbeat_job: str | None) -> Step:
@@ -148,7 +149,9 @@ def stop_step(state: OperationState, route: RouteSpec, caps: Capabilities, heart
 def after_lookup(state: OperationState, route: RouteSpec, found: list[VendorJob]) -> Step:
     """What a lookup by key proves: found → resume it; absent → void, once no send can land any more."""
     if found:
-        return Step(Next.RESUME, found[0].id, "found at the vendor by key", job=found[0])
+        return Step(
+            Next.RESUME, found[0].id, "found at the vendor by key", job=found[0], extra=tuple(found[1:])
+        )
     provable = state.provable_at(route)
     if provable is None or state.now >= provable:
         return Step(Next.VOID, why="provably not at the vendor (no send can land any more)")
@@ -176,4 +179,11 @@ async def reconcile(
         found = await adapter.find_by_key(operation_key, since=since)
     except VendorCannotTell:
         return Step(Next.UNKNOWN, why="the vendor could not look the key up")
-    return after_lookup(state, route, found)
+    step = after_lookup(state, route, found)
+    if step.next == Next.VOID and caps.has_billing:
+        # A lookup may forget keys as the vendor's dedup does; its billing does not. A charge under the key
+        # means a job existed whatever the lookup says: never void what was billed.
+        billed = await adapter.charged(operation_key, None)
+        if billed is not None:
+            return Step(Next.UNKNOWN, why=f"not found by key, yet the vendor billed {billed} under it")
+    return step

@@ -169,6 +169,7 @@ class Failure(_Event):
     kind: FailureKind
     error: str = Field(max_length=4000)
     actual_cost: Decimal = Decimal(0)
+    job_id: str | None = None  # the vendor job whose cost this is, where there was one
 
 
 class SystemMarker(_Event):
@@ -197,7 +198,9 @@ class HumanDecision(_Event):
 
 
 class RollbackDone(_Event):
-    SCHEMA: ClassVar[int] = 2  # v2: ``targets``, the restart points (v1: one ``target``)
+    # v2: ``targets``, the restart points (v1: one ``target``). v3: the same payload; the review's findings go
+    # only to the nodes it flagged (rules.projection folds each version as it was decided).
+    SCHEMA: ClassVar[int] = 3
     type: Literal["Rollback"] = "Rollback"
     targets: tuple[str, ...]
     invalidated: tuple[str, ...]
@@ -272,6 +275,7 @@ def _intent_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 # (type, from_version) -> callable(payload) -> payload of from_version + 1
 _UPCASTERS: dict[tuple[str, int], Any] = {
     ("Rollback", 1): _rollback_v1_to_v2,
+    ("Rollback", 2): lambda payload: payload,  # v3 changed what the fold does with it, not its shape
     ("Intent", 1): _intent_v1_to_v2,
 }
 

@@ -75,16 +75,21 @@ def check_inputs(plan: Plan) -> str | None:
 
 
 def sources(graph: Graph, spec: NodeSpec) -> dict[str, str | list[str]]:
-    """The nodes each input name of ``spec`` reads: one node (item to item, or a single node) or a list."""
+    """The nodes each input name of ``spec`` reads: one node (item to item, or a single node) or a list.
+
+    Item to item pairs fan-out items by position (the i-th shot reads the i-th keyframe), so two fan-outs
+    may name their items differently; it applies only between fan-outs of one width (``check_inputs`` refuses
+    a declared mapping between different widths; an undeclared one joins instead).
+    """
     out: dict[str, str | list[str]] = {}
+    mine = graph.stage_nodes[spec.stage.id]
     for name, source in declared(spec.stage).items():
         if isinstance(source, str):
             producers = graph.stage_nodes[source]
-            producer_stage = graph.nodes[producers[0]].stage
-            if spec.item is not None and producer_stage.fan_out is not None:
-                out[name] = f"{source}/{spec.item}"  # item to item (widths checked at submission)
-            elif producer_stage.fan_out is None:
+            if graph.nodes[producers[0]].stage.fan_out is None:
                 out[name] = producers[0]
+            elif spec.item is not None and len(producers) == len(mine):
+                out[name] = producers[mine.index(spec.id)]
             else:
                 out[name] = list(producers)  # a join: every item, in order
         else:
@@ -98,9 +103,12 @@ def reference(node: str, artifact: dict[str, Any], seq: int) -> dict[str, Any]:
     return {**ref, "node": node, "seq": seq}
 
 
-def input_hash(request: dict[str, Any]) -> str:
-    """The hash of what a request asks: everything in it, each artifact reference reduced to its sha256."""
-    canonical = json.dumps(_reduced(request), sort_keys=True, separators=(",", ":"), default=str)
+def input_hash(request: dict[str, Any], *, node: str = "", executor: str = "", output: Any = None) -> str:
+    """The hash of what a request asks: everything in it, each artifact reference reduced to its sha256, and
+    who is asked for what (the node, its executor, its output bounds) — so an output is only ever reused
+    for the same node, made by the same route, held to the same bounds."""
+    what = {"node": node, "executor": executor, "output": output, "request": _reduced(request)}
+    canonical = json.dumps(what, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

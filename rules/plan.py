@@ -361,10 +361,15 @@ def _check_data(plan: Plan) -> None:
     if problem is not None:
         raise PlanError(problem)
     if plan.compose is not None:
-        ids = {s.id for s in plan.stages}
+        by_id = {s.id: s for s in plan.stages}
         for sid in (*plan.compose.video, *((plan.compose.audio,) if plan.compose.audio else ())):
-            if sid not in ids:
+            if sid not in by_id:
                 raise PlanError(f"stage 'compose': assembles unknown stage {sid!r}")
+        audio = plan.compose.audio
+        if audio is not None and by_id[audio].fan_out is not None:
+            raise PlanError(
+                f"stage 'compose': audio {audio!r} must be one node, not a fan-out (mix it first)"
+            )
 
 
 def find_cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:

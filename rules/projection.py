@@ -48,6 +48,9 @@ from rules.events import (
 )
 from rules.plan import REVIEW, Plan, TimeoutPolicy, Value
 
+# Voids (provably never sent) a node may have per round before they count against its attempts.
+FREE_VOIDS = 3
+
 
 class TaskState(StrEnum):
     QUEUED = "Queued"
@@ -123,6 +126,7 @@ class NodeView:
     rework_round: int = 0
     dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
+    reused: bool = False  # its current output was reused (nothing sent for it this time)
 
     @property
     def last_failure(self) -> FailureInfo | None:
@@ -216,8 +220,12 @@ class Projection:
         return spec.stage.retries + 1 + bonus + self.nodes[node].extra_attempts
 
     def exhausted(self, node: str) -> bool:
+        """Whether the node has used up its attempts in this round. A void (provably never sent) is free up
+        to ``FREE_VOIDS`` times: beyond that something keeps voiding it (an input that cannot be made, a bug)
+        and it counts, so a person is asked instead of a loop."""
         view = self.nodes[node]
-        return view.attempts - view.round_base - view.voided >= self.max_attempts(node)
+        free = min(view.voided, FREE_VOIDS)
+        return view.attempts - view.round_base - free >= self.max_attempts(node)
 
 
 def new_projection(created: StoredEvent) -> Projection:
@@ -275,6 +283,7 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                 node.outputs.append(
                     OutputView(event.operation_key, event.input_hash, node.artifact, stored.seq)
                 )
+                node.reused = event.reused_from is not None
         case ExecutionResult():
             _apply_result(p, event, stored)
         case Progress():
@@ -308,13 +317,16 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                     view.status = NodeStatus.STALE
                     view.approved = False
                     view.round_base = view.attempts
-                    if n in event.flagged or n == REVIEW:
-                        # What the review said goes to what it blamed (and to the review itself, so its next
-                        # question is never the unchanged one). A node invalidated only because it is built on
-                        # a blamed one is asked the same thing with new inputs: its input hash tells whether
-                        # anything really changed.
+                    if stored.schema_version < 3 or n in event.flagged or n == REVIEW:
+                        # v3: what the review said goes to what it blamed (and to the review itself, so its
+                        # next question is never the unchanged one). A node invalidated only because it is
+                        # built on a blamed one is asked the same thing with new inputs: its input hash tells
+                        # whether anything really changed. (v2 rounds gave every invalidated node the
+                        # findings, and are folded as they were decided.)
                         view.rework_findings = findings or (event.reason,)
                         view.rework_round = event.round
+                    else:
+                        view.rework_findings, view.rework_round = (), event.round
                     if n in event.flagged and view.outputs:
                         view.outputs[-1].flagged = True  # a blamed output is never reused
             if p.review is not None:
@@ -405,7 +417,11 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
                 r.applied = True
     elif e.kind == MarkerKind.VOID and e.node in p.nodes:
         node = p.nodes[e.node]
-        if e.operation_key is not None and e.operation_key == node.operation_key and node.in_flight:
+        stage = p.graph.nodes[e.node].stage.id
+        gate = p.gate_pending.get(stage)
+        if gate is not None and e.operation_key == gate.operation_key:
+            del p.gate_pending[stage]  # the gate never ran: the rules issue it again
+        elif e.operation_key is not None and e.operation_key == node.operation_key and node.in_flight:
             _release(p, node, e.operation_key)
             node.status = NodeStatus.PENDING
             node.voided += 1  # it never reached the vendor: it does not count against the retries

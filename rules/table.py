@@ -294,11 +294,18 @@ def ready_nodes(p: Projection) -> list[NodeView]:
         if not all(_dep_done(p, d) for d in spec.deps):
             continue
         stage_nodes = p.graph.stage_nodes[spec.stage.id]
+        stage_width = width
         if spec.stage.canary and len(stage_nodes) > 1 and n.id != stage_nodes[0]:
             canary = p.nodes[stage_nodes[0]]
             if canary.status != NodeStatus.SUCCEEDED:
                 continue
-        if in_flight_by_stage.get(spec.stage.id, 0) >= width:
+            if canary.reused and not any(
+                p.nodes[s].status == NodeStatus.SUCCEEDED and not p.nodes[s].reused for s in stage_nodes
+            ):
+                # A reused canary proved nothing about the route this time: until one node really ran,
+                # the fan-out goes one at a time (each acting as the canary).
+                stage_width = 1
+        if in_flight_by_stage.get(spec.stage.id, 0) >= stage_width:
             continue
         out.append(n)
     return out
@@ -350,7 +357,11 @@ def budget_refused(p: Projection, node: str, why: str) -> Escalate:
 
 def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime) -> Action:
     stage = p.graph.nodes[n.id].stage
-    if not admits(p, stage.estimate):
+    request = request_input(p, n)
+    output = stage.output.model_dump(mode="json") if stage.output is not None else None
+    digest = input_hash(request, node=n.id, executor=stage.executor, output=output)
+    reuse = next((o for o in reversed(n.outputs) if o.reusable and o.input_hash == digest), None)
+    if reuse is None and not admits(p, stage.estimate):  # a reuse spends nothing: nothing to admit
         return escalate(
             p,
             f"pre-dispatch budget insufficient for {n.id}: needs {stage.estimate}, "
@@ -358,9 +369,6 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
             node=n.id,
         )
     attempt = n.attempts + 1
-    request = request_input(p, n)
-    digest = input_hash(request)
-    reuse = next((o for o in reversed(n.outputs) if o.reusable and o.input_hash == digest), None)
     return Dispatch(
         node=n.id,
         attempt=attempt,

@@ -15,13 +15,13 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
-from rules.money import VendorAmount, vendor_amount
+from rules.money import QUANTUM, VendorAmount, vendor_amount
 from vendors.routes import RouteSpec, VendorMode
 
 
@@ -161,12 +161,21 @@ class VendorAdapter(Protocol):
 
 
 def job_amount(route: RouteSpec, job: VendorJob) -> VendorAmount:
-    """What a job cost, as money: the vendor's own figure, else the route's price for what the job used."""
+    """What a job cost, as money: the vendor's own figure, else the route's price for what the job used.
+
+    The vendor's figure is made money by ``vendor_amount`` (rounded up, odd figures flagged). A priced figure
+    is ours: rounded up to the ledger's scale without a flag. No figure and no price that yields one (a route
+    without a price, a price per second for a job that reports no seconds) is unusable: the caller counts the
+    estimate and flags it — never a silent zero for a call that was charged.
+    """
     if job.cost is not None:
         return vendor_amount(job.cost)
-    return vendor_amount(
-        route.price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
-    )
+    price = route.price
+    needs_seconds = price.per_second > 0 and job.seconds is None
+    priced = price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
+    if priced <= 0 or needs_seconds:
+        return VendorAmount(None, "the vendor reports no cost and the route's price gives none for this job")
+    return VendorAmount(priced.quantize(QUANTUM, rounding=ROUND_CEILING), None, str(priced))
 
 
 def mode_of(route: RouteSpec, caps: Capabilities) -> VendorMode:

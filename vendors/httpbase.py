@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import parsedate_to_datetime
@@ -112,10 +113,9 @@ class HttpVendor:
                 else (error if isinstance(error, str) else None)
             )
             detail = detail or (body.get("detail") if isinstance(body.get("detail"), str) else None)
-        # Scrubbed in case a vendor (or a proxy in front of it) echoes request headers into an error body.
-        message = f"{where} -> {status}: {str(detail or response.reason_phrase)[:300]}".replace(
-            self._api_key, "***"
-        )
+        # Scrubbed in case a vendor (or a proxy in front of it) echoes request headers or the input URLs it
+        # was given (presigned: credentials) into an error body. The message goes into Temporal's history.
+        message = scrub(f"{where} -> {status}: {str(detail or response.reason_phrase)[:300]}", self._api_key)
         if status == 429:
             return VendorRateLimited(retry_after(response.headers.get("Retry-After")), message)
         if status == 408:
@@ -145,9 +145,9 @@ class HttpVendor:
         try:
             url = self._base.join(raw)
         except (httpx.InvalidURL, ValueError, TypeError) as e:
-            raise UnsafeResultUrl(f"result URL {raw[:80]!r} cannot be parsed") from e
+            raise UnsafeResultUrl(f"result URL {scrub(raw[:80])!r} cannot be parsed") from e
         if url.scheme not in ("http", "https") or not url.host:
-            raise UnsafeResultUrl(f"result URL {raw[:80]!r} is not an http(s) URL")
+            raise UnsafeResultUrl(f"result URL {scrub(raw[:80])!r} is not an http(s) URL")
         own = (url.scheme, url.host, url.port) == (self._base.scheme, self._base.host, self._base.port)
         return url, own or url.host in self.route.allow_hosts
 
@@ -175,6 +175,16 @@ class HttpVendor:
             raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s") from e
         except httpx.TransportError as e:
             raise VendorUnavailable(f"{where}: {type(e).__name__}") from e
+
+
+_QUERY = re.compile(r"(\w+://[^\s?#\"'<>]*)\?[^\s\"'<>]*")
+
+
+def scrub(text: str, secret: str = "") -> str:
+    """``text`` without the secret and without any URL's query string (where presigned signatures live)."""
+    if secret:
+        text = text.replace(secret, "***")
+    return _QUERY.sub(r"\1?…", text)
 
 
 def json_or_none(response: httpx.Response) -> dict[str, Any] | None:

@@ -135,7 +135,12 @@ class JobsAdapter(HttpVendor):
         charges = self.parse(_Charges, response).charges
         if not charges:
             return None
-        return str(sum((Decimal(c.amount) for c in charges), Decimal(0)))
+        if len(charges) == 1:
+            return charges[0].amount  # as the vendor wrote it: rules.money.vendor_amount makes it money
+        try:
+            return str(sum((Decimal(c.amount) for c in charges), Decimal(0)))
+        except ArithmeticError:
+            return " + ".join(c.amount for c in charges)  # unusable as a sum: counted at the estimate
 
     async def wait(
         self,

@@ -40,7 +40,9 @@ OWN_RIGHTS = {"license": "own-work", "holder": "ledgerflow/local"}
 def _done(data: bytes, fmt: str) -> VendorJob:
     job_id = "local-" + hashlib.sha256(data).hexdigest()[:16]
     result = ResultFile(url="inline:", media=MediaInfo(format=fmt, rights=OWN_RIGHTS))
-    return VendorJob(id=job_id, status=JobStatus.SUCCEEDED, progress=1.0, inline=data, result=result)
+    return VendorJob(
+        id=job_id, status=JobStatus.SUCCEEDED, progress=1.0, cost="0", inline=data, result=result
+    )
 
 
 def refs(value: Any) -> list[dict[str, Any]]:
@@ -133,9 +135,8 @@ class LocalAdapter:
         first = report.failures[0]
         kind = FailureKind.TECHNICAL if first.kind == "timeout" else FailureKind.CONTENT_REJECTED
         message = f"example {first.index + 1} (line {first.line}) {first.kind}: {first.message}"
-        return VendorJob(
-            id=job_id, status=JobStatus.FAILED, progress=1.0, error=JobError(kind=kind, message=message)
-        )
+        error = JobError(kind=kind, message=message)
+        return VendorJob(id=job_id, status=JobStatus.FAILED, progress=1.0, cost="0", error=error)
 
     async def _assemble(self, request: dict[str, Any]) -> VendorJob:
         shots = refs(request.get("shots"))
@@ -156,6 +157,6 @@ class LocalAdapter:
                 assemble(shot_paths, audio_path, out, lineage=lineage)
             except (MediaInvalid, ValueError) as e:
                 error = JobError(kind=FailureKind.TECHNICAL, message=f"assembly failed: {e}")
-                return VendorJob(id="local-assemble", status=JobStatus.FAILED, error=error)
+                return VendorJob(id="local-assemble", status=JobStatus.FAILED, cost="0", error=error)
             data = out.read_bytes()
         return _done(data, "mp4")

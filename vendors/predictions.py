@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from vendors.adapter import Capabilities, FailureKind, JobError, JobStatus, ResultFile, VendorJob
-from vendors.errors import VendorNotFound
+from vendors.errors import VendorCannotTell, VendorNotFound
 from vendors.httpbase import HttpVendor
 
 MAX_PAGES = 50  # a lookup never lists more than this many pages (1,000 predictions) back
@@ -114,9 +114,12 @@ class PredictionsAdapter(HttpVendor):
                     found.append(self._normalise(p))
             oldest = page.results[-1].created_at if page.results else None
             if page.next is None or (since is not None and oldest is not None and oldest < since):
-                break
+                return list(reversed(found))  # oldest first
             cursor = page.next
-        return list(reversed(found))  # oldest first
+        if found:
+            return list(reversed(found))
+        # The listing was cut before it reached the send's time: "not found" here proves nothing.
+        raise VendorCannotTell(f"{operation_key} not in the newest {MAX_PAGES} pages of predictions")
 
     async def cancel(self, job_id: str) -> VendorJob:
         return self._job(await self.request("POST", f"/v1/predictions/{job_id}/cancel"))

@@ -46,13 +46,15 @@ with workflow.unsafe.imports_passed_through():
     from rules.envelope import NewEvent, StoredEvent
     from rules.events import (
         Escalation,
+        Failure,
+        FailureKind,
         Intent,
         MarkerKind,
         RollbackDone,
         SystemMarker,
         to_new,
     )
-    from rules.keys import effect_key, intent_key, resolution_key
+    from rules.keys import effect_key, intent_key, resolution_key, result_key
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
     from rules.plan import Plan
     from rules.projection import Projection, apply, fold, summary
@@ -77,6 +79,9 @@ STAGE_RETRY = RetryPolicy(
     # Built from the classes (activities.boundary): a fenced-off run, or a bug no retry can fix.
     non_retryable_error_types=EXECUTOR_NON_RETRYABLE,
 )
+# Runs recorded before operations were closed from the vendor (operation.close, operation.sweep) replay the
+# way they ran: the new commands are taken only where this marker is (or will be) in the history.
+OPERATION_CLOSE = "operation-close-v1"
 # Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
 # cancels and records, and it may have to wait until a maybe-sent request is provably absent.
 CLOSE_TIMEOUT = timedelta(minutes=10)
@@ -180,7 +185,7 @@ class TaskWorkflow:
             self._act(p, recorded)
         alarm.cancel()
         await self._stop_in_flight(p)
-        if any(n.voided for n in p.nodes.values()):
+        if any(n.voided for n in p.nodes.values()) and workflow.patched(OPERATION_CLOSE):
             # A voided operation was proven absent at the vendor; a job created for its key even later still
             # cost money: look for it once more before the task's books close.
             sweep = SweepInput(task_id=p.task_id)
@@ -207,32 +212,60 @@ class TaskWorkflow:
         each cancellation to complete (WAIT_CANCELLATION_COMPLETED) added ~160 ms to every task's latency in
         ``make bench``, although only a task that ends with work in flight needs to wait.
         """
-        if not self._running and not p.in_flight():
+        if not self._running:
+            if not p.in_flight() or not workflow.patched(OPERATION_CLOSE):
+                return
+            await self._close_open(p)  # open in the ledger with no executor in this run (a dead worker's)
             return
         self._stopping = True
         for handle in list(self._activities.values()):
             handle.cancel()
         await workflow.wait_condition(lambda: not self._running)
-        await self._close_open(p)
+        if workflow.patched(OPERATION_CLOSE):
+            await self._close_open(p)
+        else:
+            await self._stop_in_flight_before_close(p)
+
+    async def _stop_in_flight_before_close(self, p: Projection) -> None:
+        """How a run recorded before ``operation.close`` existed ended its operations (kept for replay only):
+        read the ledger for up to two heartbeat timeouts, then write what is still open off with a Failure."""
+        in_flight = {n.operation_key: (n.id, n.reserved) for n in p.in_flight() if n.operation_key}
+        deadline = workflow.now() + 2 * self._heartbeat_timeout
+        while True:
+            new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+            self._apply(p, new)
+            open_ops = [op for op in in_flight if op in p.reservations]
+            if not open_ops or workflow.now() >= deadline:
+                break
+            await workflow.sleep(min(1.0, self._heartbeat_timeout.total_seconds() / 2))
+        for op in open_ops:
+            node, reserved = in_flight[op]
+            await self._gave_up(
+                node, op, reserved, FailureKind.TECHNICAL, f"cancelled: the task ended before {op} resolved"
+            )
 
     async def _close_open(self, p: Projection) -> None:
         """Close every operation of the task still open in the ledger (``operation.close``), then fold."""
         open_ops = [n for n in p.in_flight() if n.operation_key and n.dispatch is not None]
         if not open_ops:
             return
-        await asyncio.gather(
-            *(self._close(n.id, n.operation_key, n.dispatch.executor, n.reserved) for n in open_ops)  # type: ignore[arg-type,union-attr]
-        )
+        await asyncio.gather(*(self._close(_close_input(p, n)) for n in open_ops))
         new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
         self._apply(p, new)
 
-    async def _close(self, node: str, op_key: str, executor: str, estimate: Decimal) -> None:
-        close = CloseInput(
-            task_id=self._task_id, node=node, operation_key=op_key, executor=executor, estimate=estimate
-        )
-        await workflow.execute_activity(
-            "operation.close", close, start_to_close_timeout=CLOSE_TIMEOUT, retry_policy=CLOSE_RETRY
-        )
+    async def _close(self, close: CloseInput) -> None:
+        """Resolve one operation with ``operation.close`` (retried until it resolves; only a fenced-off run's
+        attempt gives up), and hand its result to the loop like an executor's."""
+        try:
+            result = await workflow.execute_activity(
+                "operation.close", close, start_to_close_timeout=CLOSE_TIMEOUT, retry_policy=CLOSE_RETRY
+            )
+        except ActivityError as e:
+            if error_type(e) != STALE_EPOCH:
+                raise
+            self._fenced = _error_text(e)
+            return
+        self._arrived.append(StoredEvent.model_validate(result))
 
     # ── recording ────────────────────────────────────────────────────────────────────────────────────
     async def _record(
@@ -396,14 +429,46 @@ class TaskWorkflow:
                 return  # asked to cancel by _stop_in_flight, which closes whatever is still open
             # The executor ended without a result (an error no retry can fix: a bug). The operation is closed
             # from the record and the vendor, so its reservation is settled and nothing paid for is lost.
-            if isinstance(arg, StageInput):
-                await self._close(node, op_key, arg.executor, arg.estimate)
+            if not workflow.patched(OPERATION_CLOSE):
+                reserved = arg.estimate if isinstance(arg, StageInput) else Decimal(0)
+                await self._gave_up(node, op_key, reserved, FailureKind.TECHNICAL, _error_text(e))
+            elif isinstance(arg, StageInput):
+                close = CloseInput(
+                    task_id=arg.task_id,
+                    node=node,
+                    operation_key=op_key,
+                    executor=arg.executor,
+                    estimate=arg.estimate,
+                    gave_up=_error_text(e)[:500],
+                    output=arg.output,
+                    input_hash=arg.input_hash,
+                )
+                await self._close(close)
             else:
-                await self._close(node, op_key, "gate", Decimal(0))
+                gave_up = _error_text(e)[:500]
+                await self._close(
+                    CloseInput(
+                        task_id=self._task_id,
+                        node=node,
+                        operation_key=op_key,
+                        executor="gate",
+                        estimate=Decimal(0),
+                        gave_up=gave_up,
+                    )
+                )
         finally:
             self._activities.pop(op_key, None)
             self._running.pop(op_key, None)
             self._woken = True
+
+    async def _gave_up(
+        self, node: str, op_key: str, reserved: Decimal, kind: FailureKind, error: str
+    ) -> None:
+        """How a run recorded before ``operation.close`` existed wrote off an operation (kept for replay)."""
+        assert self._p is not None
+        failure = Failure(node=node, operation_key=op_key, kind=kind, error=error)
+        result = to_new(failure, dedup_key=result_key(op_key), operation_key=op_key)
+        await self._mark(self._p, result, release=reserved)
 
     async def _take_decisions(self, p: Projection) -> None:
         """Validate and record each signalled decision (authenticated, authorised, first one wins) before
@@ -492,6 +557,21 @@ class TaskWorkflow:
 
 class _BudgetRefused(Exception):
     """The ledger refused a reservation on a budget scope (raised inside this workflow only)."""
+
+
+def _close_input(p: Projection, n: Any) -> CloseInput:
+    """What ``operation.close`` needs to resolve node ``n``'s open operation (its recorded Dispatch)."""
+    d = n.dispatch
+    stage = p.graph.nodes[n.id].stage
+    return CloseInput(
+        task_id=p.task_id,
+        node=n.id,
+        operation_key=n.operation_key,
+        executor=d.executor,
+        estimate=n.reserved,
+        output=stage.output,
+        input_hash=d.input_hash,
+    )
 
 
 def _error_text(e: BaseException) -> str:

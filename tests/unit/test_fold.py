@@ -159,7 +159,7 @@ def test_v1_rollback_records_upcast_to_v2_and_fold_like_new_ones() -> None:
     h.review(Verdict.QUALITY_REWORK, flagged=("b",))
     h.act()
     intent, done = h.events[-2], h.events[-1]
-    assert (intent.schema_version, done.schema_version) == (2, 2)
+    assert (intent.schema_version, done.schema_version) == (2, 3)
 
     def as_v1(stored: StoredEvent, payload: dict[str, Any]) -> StoredEvent:
         return stored.model_copy(update={"schema_version": 1, "payload": payload})
@@ -366,7 +366,8 @@ def test_llm_valid_dispatch_gets_its_key_attempt_and_estimate_from_the_projectio
     assert problem is None
     assert action == Dispatch(
         node="a", attempt=2, operation_key="t1:a:a2", executor="llm.text", estimate=Decimal("1.00"),
-        reason="model: start", input=action.input, input_hash=input_hash(action.input),
+        reason="model: start",
+        input=action.input, input_hash=input_hash(action.input, node=action.node, executor="llm.text"),
     )  # fmt: skip
 
 
@@ -386,7 +387,8 @@ def test_llm_cannot_dispatch_a_gated_node_before_its_gate() -> None:
     assert problem is None
     assert action == Dispatch(
         node="b", attempt=1, operation_key="t1:b:a1", executor="llm.text", estimate=Decimal("1.00"),
-        reason="model: gate passed", input=action.input, input_hash=input_hash(action.input),
+        reason="model: gate passed",
+        input=action.input, input_hash=input_hash(action.input, node=action.node, executor="llm.text"),
     )  # fmt: skip
 
 

@@ -41,9 +41,10 @@ def test_a_vendor_cost_finer_than_the_ledger_is_rounded_up_never_down_and_flagge
 
 
 def test_an_exact_vendor_cost_is_not_an_anomaly() -> None:
-    assert vendor_amount("1.25") == vendor_amount(Decimal("1.250000")).__class__(
-        Decimal("1.25"), None, "1.25"
-    )
+    made = vendor_amount("1.25")
+    assert (made.amount, made.anomaly) == (Decimal("1.25"), None)
+    exact = vendor_amount(Decimal("1.250000"))
+    assert (exact.amount, exact.anomaly, exact.raw) == (Decimal("1.25"), None, "1.250000")
 
 
 @pytest.mark.parametrize("raw", ["-1", "NaN", "inf", "1e12", "abc", None, True, [], float("nan")])

@@ -710,7 +710,8 @@ def test_r11_dispatch_has_a_stable_operation_key_per_business_attempt() -> None:
     assert (rule, matched) == ("R11", ["R11"])
     assert action == Dispatch(
         node="a", attempt=1, operation_key="t1:a:a1", executor="llm.text", estimate=Decimal("1.00"),
-        reason="first attempt", input=action.input, input_hash=input_hash(action.input),
+        reason="first attempt",
+        input=action.input, input_hash=input_hash(action.input, node=action.node, executor="llm.text"),
     )  # fmt: skip
     assert decided(h)[1] == decided(History(chain_plan()))[1], "same history, same key"
     h.record(rule, action)

@@ -35,6 +35,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.models import StageInput, SweepInput
+from activities.operation import Operation
 from activities.stages import StageActivities
 from artifacts.local import LocalStore
 from ledger.recorder import Recorder
@@ -148,6 +149,18 @@ class Contract:
         return mode_of(self.route, self.adapter.capabilities)
 
     # ── the simulator ─────────────────────────────────────────────────────────────────────────────────
+    def operation(self) -> Operation:
+        """The operation's ledger side, as an executor of the current run holds it."""
+        inp = self.inp
+        return Operation(
+            self.recorder,
+            task_id=inp.task_id,
+            node=inp.node,
+            key=inp.operation_key,
+            epoch=inp.epoch,
+            estimate=inp.estimate,
+        )
+
     async def charges(self) -> list[dict[str, Any]]:
         """The vendor's own billing record of this operation (the simulator's, not our ledger)."""
         return [c for c in (await self.sim.charges())["charges"] if c["idempotency_key"] == self.op]

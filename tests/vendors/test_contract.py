@@ -27,6 +27,7 @@ from contract_kit import PROJECT, SCENARIOS, Contract, End, expected_end, open_t
 
 from activities.stages import StageActivities
 from artifacts.local import LocalStore
+from ledger.errors import AlreadyResolved
 from ledger.recorder import Recorder
 from rules.events import MarkerKind
 from rules.plan import validate_plan
@@ -457,3 +458,31 @@ def test_the_contract_matrix_is_what_is_collected() -> None:
     assert path.read_text() == text, (
         f"CONTRACT.md is stale: LEDGERFLOW_WRITE_CONTRACT=1 pytest {MODULE} -k matrix"
     )
+
+
+# ── races between attempts of one operation (not a matrix row: the lifecycle's own guarantee) ─────────────
+async def test_two_attempts_at_once_send_once(env: Env) -> None:
+    """Two attempts of one operation run at once (one's heartbeat was lost, Temporal started another): both
+    find it never sent, both reach the write-ahead marker; only the one that writes it sends, the other
+    reconciles and adopts that job: one call, one charge, one result, on a vendor that cannot deduplicate."""
+    kit = await TestJobsLookupOnly().start(env, vendor={"latency_seconds": 0.3})
+    results = await asyncio.gather(kit.drive(), kit.drive(), return_exceptions=True)
+    resolved = [r for r in results if not isinstance(r, BaseException)]
+    assert resolved and all(r.seq == resolved[0].seq for r in resolved), results
+    assert len(await kit.charges()) == 1
+    await kit.check(resolved[0])
+
+
+async def test_an_operation_closed_meanwhile_is_never_sent_after(env: Env) -> None:
+    """The task ended and ``operation.close`` resolved the operation while an attempt was still on its way to
+    the vendor: the attempt's write-ahead marker is refused (the operation has its result), so it never sends;
+    it returns the recorded result."""
+    kit = await TestJobsLookupOnly().start(env)
+    state = await kit.operation().open()  # the attempt has read the ledger: nothing sent yet …
+    await kit.operation().void("the task ended")  # … then the task's end closes the operation …
+    with pytest.raises(AlreadyResolved):
+        await kit.operation().sending(state, 1.0)  # … and the attempt's fenced marker is refused
+    resolved = await kit.drive()
+    assert (resolved.type, resolved.payload["kind"]) == ("SystemMarker", "void")
+    assert await kit.charges() == []
+    await kit.check(resolved)

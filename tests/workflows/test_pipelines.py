@@ -82,7 +82,8 @@ async def test_a_rework_of_one_keyframe_pays_only_for_its_lineage_and_reuses_eve
     [rollback] = [e for e in events if e.type == "Rollback"]
     after = [e for e in events if e.seq > rollback.seq]
     charged_ops = {c["idempotency_key"] for c in await sim.charges(f"{plan.task_id}:")}
-    rerun = {parse(e).node for e in after if e.type == "Outcome" and e.operation_key in charged_ops}
+    # Every operation the vendor billed after the rollback, whatever became of it (Outcome or Failure).
+    rerun = {parse(e).action.node for e in after if e.type == "Intent" and e.operation_key in charged_ops}
     lineage = {"keyframes/S07", "keyframe_qc", "motion/S07", "motion_qc", "assembly_edit", "audio_final"}
     lineage |= {"graphics_final", "picture_lock", "mix", "subtitle", "color", "release_gate"}
     assert rerun == lineage, f"paid for {sorted(rerun ^ lineage)} outside (or missing from) S07's lineage"
@@ -104,7 +105,7 @@ async def test_the_course_lesson_examples_really_run_and_a_broken_one_is_a_conte
     assert [r["kind"] for r in status["open_requests"]] == ["dead_letter"]
 
 
-async def test_workers_share_artifacts_through_an_s3_store_and_vendors_fetch_inputs_by_presigned_url(
+async def test_artifacts_live_in_an_s3_store_and_vendors_fetch_inputs_by_presigned_url(
     lf_with, sim, s3_endpoint, monkeypatch
 ):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint.url)

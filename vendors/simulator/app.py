@@ -108,6 +108,11 @@ def create_app(state: SimState) -> FastAPI:
         with state.lock:
             return {"leaks": list(state.leaks), "count": len(state.leaks)}
 
+    @app.get("/admin/stats")
+    def stats() -> dict[str, int]:
+        with state.lock:
+            return {"conflicts": state.conflicts, "leaks": len(state.leaks)}
+
     @app.get("/admin/config")
     def get_config() -> SimConfig:
         return state.config

@@ -193,6 +193,7 @@ class SimState:
             self.charges_: list[dict[str, Any]] = []
             self.chat_: dict[str, int] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
             self.leaks: list[dict[str, str]] = []  # requests that reached the CDN carrying a credential
+            self.conflicts = 0  # 409s answered to a key whose first request was still in flight
             self.extra: dict[str, Any] = {}  # other protocols' state (predictions, images)
 
     # ── authentication ────────────────────────────────────────────────────────────────────────────────
@@ -286,6 +287,7 @@ class SimState:
             if draw.server_error:
                 raise SimError(500, "server_error", "internal error; nothing was accepted")
             if cfg.mode == "idempotent" and key in self.inflight:
+                self.conflicts += 1
                 raise SimError(
                     409, "request_in_progress", "a request with this Idempotency-Key is in progress"
                 )
