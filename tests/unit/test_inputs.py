@@ -1,4 +1,4 @@
-"""Data flow in the rules (rules.inputs, rules.table): which outputs a node receives, its input hash, reuse."""
+"""Data flow in the rules (rules.inputs, rules.table): what a node receives, its input hash, reuse."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_a_void_is_free_only_a_few_times_then_it_counts_against_the_attempts() -
 def test_a_void_of_a_static_gate_lets_the_rules_issue_the_gate_again() -> None:
     h = History(make_plan(stage("a"), stage("b", "a", gate=True)))
     _register(h, _dispatch(h), "11" * 32)
-    rule, gate = h.act()
+    _rule, gate = h.act()
     assert gate.kind == "StaticGate" and h.fold().gate_pending
     h.marker(MarkerKind.VOID, node="b", op_key=gate.operation_key)
     assert not h.fold().gate_pending
