@@ -46,9 +46,15 @@ async def test_e001_shots_are_made_from_their_own_keyframe_and_compose_assembles
     # The request carries keyframe S07 (by reference), and its input hash is made from its bytes' hash.
     assert shot.input["inputs"]["keyframe"]["sha256"] == keyframe["sha256"]
     assert shot.input["inputs"]["keyframe"]["node"] == "keyframes/S07"
-    assert shot.input_hash == input_hash(shot.input)
+    motion = plan.stage("motion")
+    bounds = motion.output.model_dump(mode="json") if motion.output else None
+
+    def hashed(request: dict) -> str:
+        return input_hash(request, node="motion/S07", executor=motion.executor, output=bounds)
+
+    assert shot.input_hash == hashed(shot.input)
     swapped = {**shot.input, "inputs": {"keyframe": {**shot.input["inputs"]["keyframe"], "sha256": "0" * 64}}}
-    assert input_hash(swapped) != shot.input_hash, "another keyframe would be another request"
+    assert hashed(swapped) != shot.input_hash, "another keyframe would be another request"
     # The file itself says what it was made from: its lineage names the keyframe's bytes.
     made = probe(local_file(p.nodes["motion/S07"].artifact["uri"]))
     assert (made.codec, made.width, made.height, made.frames) == ("h264", 320, 180, 48)
