@@ -58,8 +58,12 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
             + "  - {id: b, executor: llm.text, depends_on: [a]}\n",
             ("dependency cycle", "a -> b -> a"),
         ),
+        (
+            GOOD.replace("fan_out: 2}", "fan_out: 2, inputs: {pic: nowhere}}"),
+            ("stage 'shots'", "input 'pic' names unknown stage 'nowhere'"),
+        ),
     ],
-    ids=["unknown-dep", "negative", "nan", "no-route", "hostile-id", "bad-yaml", "cycle"],
+    ids=["unknown-dep", "negative", "nan", "no-route", "hostile-id", "bad-yaml", "cycle", "input-mapping"],
 )
 def test_submit_refuses_a_bad_plan_with_one_line_naming_the_stage(tmp_path, plan, needles):
     path = tmp_path / "plan.yaml"
@@ -140,3 +144,27 @@ async def test_submit_wait_runs_a_task_and_events_lists_its_ledger(lf, sim, tmp_
     types = [json.loads(line)["type"] for line in lines.decode().splitlines()]
     assert types[0] == "TaskCreated" and types.count("Outcome") == 4  # script, 2 shots, compose
     assert len(types) == len(lf.recorder.read_events(task_id))
+    listed = await asyncio.create_subprocess_exec(
+        *CLI, "artifacts", task_id, "--json", cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await listed.communicate()
+    rows = {r["node"]: r for r in json.loads(out)}
+    # Each shot was made from the script's output: its lineage names the script's bytes.
+    assert [i["node"] for i in rows["shots/S02"]["inputs"]] == ["script"]
+    assert rows["shots/S02"]["inputs"][0]["sha256"] == rows["script"]["sha256"]
+    assert all(r["current"] and r["input_hash"] for r in rows.values() if r["node"] != "compose")
+
+
+def test_artifacts_of_an_unknown_task_is_one_line(tmp_path, pg_url):
+    env = {"LEDGERFLOW_DATABASE_URL": pg_url}
+    assert_one_line_error(run(["artifacts", "no-such-task"], env=env, cwd=tmp_path), "no task 'no-such-task'")
+
+
+def test_a_route_file_is_checked_with_one_line_naming_the_route_and_field(tmp_path):
+    good = run(["routes", "check", str(ROOT / "examples" / "routes.yaml")])
+    assert good.returncode == 0 and "4 routes" in good.stdout, good
+    bad = tmp_path / "routes.yaml"
+    bad.write_text("routes:\n  video.motion: {adapter: jobs, mode: sometimes}\n")
+    assert_one_line_error(run(["routes", "check", str(bad)], cwd=tmp_path), "route 'video.motion': mode")
+    bad.write_text("routes:\n  video.motion: {adapter: jobs, credential_env: 'sk-live-123 4'}\n")
+    assert_one_line_error(run(["routes", "check", str(bad)], cwd=tmp_path), "credential_env")
