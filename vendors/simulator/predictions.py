@@ -22,8 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from vendors.simulator.config import Draw
-from vendors.simulator.outputs import Output, render
-from vendors.simulator.state import Job, JobRequest, SimError, SimState, fetch_input, money
+from vendors.simulator.outputs import Output
+from vendors.simulator.state import Job, JobRequest, SimError, SimState, deliverable, money
 
 PAGE = 20
 PRICE_PER_SECOND = Decimal("0.30")  # what a second of compute bills where the profile sets no flat cost
@@ -72,20 +72,7 @@ class PredictionsApi:
             raise SimError(500, "server_error", "internal error; nothing was accepted")
         if draw.late:
             time.sleep(profile.late_accept_seconds)  # created (and billed) after the client may have given up
-        input_error = None
-        for sha, url in body.input_urls.items():
-            if (input_error := fetch_input(url, sha)) is not None:
-                break
-        output = None
-        if not (draw.failure or draw.hang or input_error):
-            rights = (
-                None
-                if draw.missing_rights
-                else {"license": "sim-commercial-1.0", "holder": f"simulator/{executor}"}
-            )
-            output = render(
-                executor, body.input, bad_media=draw.bad_media, broken_code=draw.broken_code, rights=rights
-            )
+        output, input_error = deliverable(executor, body.input, body.input_urls, draw)
         pid = "pred_" + hashlib.sha256(f"{cfg.seed}:{key}:{attempt}:{n}".encode()).hexdigest()[:20]
         request = JobRequest(executor=executor, input=body.input, estimate=Decimal(0))
         with state.lock:

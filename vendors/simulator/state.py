@@ -154,6 +154,27 @@ def reported_cost(profile: ExecutorProfile, estimate: Decimal) -> str:
     return money(cost)
 
 
+def deliverable(
+    executor: str, request: dict[str, Any], input_urls: dict[str, str], draw: Draw
+) -> tuple[Output | None, str | None]:
+    """What an accepted request will deliver, whatever the protocol: its inputs fetched and checked the way a
+    vendor does (the problem, if one is not there), then the file rendered as the draw says (None: the job
+    fails or hangs, nothing is rendered)."""
+    for sha, url in input_urls.items():
+        if (problem := fetch_input(url, sha)) is not None:
+            return None, problem
+    if draw.failure or draw.hang:
+        return None, None
+    rights = (
+        None if draw.missing_rights else {"license": "sim-commercial-1.0", "holder": f"simulator/{executor}"}
+    )
+    output = render(executor, request, bad_media=draw.bad_media, broken_code=draw.broken_code, rights=rights)
+    if draw.truncated:
+        # A transfer the vendor cut short, with its hash computed on what it kept: only decoding tells.
+        output = Output(output.data[: len(output.data) * 7 // 10], output.media, output.content_type)
+    return output, None
+
+
 def fetch_input(url: str, sha256: str, timeout: float = 10.0) -> str | None:
     """Fetch one input the way a vendor does (http(s) or a file on this machine); the problem, or None."""
     try:
@@ -310,24 +331,7 @@ class SimState:
     def _create(
         self, key: str, req: JobRequest, attempt: int, profile: ExecutorProfile, draw: Draw
     ) -> tuple[int, dict[str, Any]]:
-        input_error = None
-        for sha, url in req.input_urls.items():
-            if (input_error := fetch_input(url, sha)) is not None:
-                break
-        output = None
-        if not (draw.failure or draw.hang or input_error):
-            rights = (
-                None
-                if draw.missing_rights
-                else {"license": "sim-commercial-1.0", "holder": f"simulator/{req.executor}"}
-            )
-            output = render(
-                req.executor, req.input, bad_media=draw.bad_media, broken_code=draw.broken_code, rights=rights
-            )
-            if draw.truncated:
-                # A transfer the vendor cut short, with its hash computed on what it kept: only decoding the
-                # file can tell.
-                output = Output(output.data[: len(output.data) * 7 // 10], output.media, output.content_type)
+        output, input_error = deliverable(req.executor, req.input, req.input_urls, draw)
         with self.lock:
             cfg, now = self.config, time.monotonic()
             replay = self._replay(key, req, now)
