@@ -82,6 +82,7 @@ STAGE_RETRY = RetryPolicy(
 # Runs recorded before operations were closed from the vendor (operation.close, operation.sweep) replay the
 # way they ran: the new commands are taken only where this marker is (or will be) in the history.
 OPERATION_CLOSE = "operation-close-v1"
+ADOPT_BEFORE_WAIT = "adopt-before-wait-v1"
 # Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
 # cancels and records, and it may have to wait until a maybe-sent request is provably absent.
 CLOSE_TIMEOUT = timedelta(minutes=10)
@@ -350,6 +351,10 @@ class TaskWorkflow:
         new = await self._ledger("ledger.mark", mark)
         self._apply(p, new)
 
+    def _unadopted(self, p: Projection) -> bool:
+        ops = [n.operation_key for n in p.in_flight()] + [g.operation_key for g in p.gate_pending.values()]
+        return any(op not in self._started for op in ops)
+
     def _adopt_open_operations(self, p: Projection) -> None:
         """Every INTENT on record without a resolution and without an executor in this run gets one, same key.
 
@@ -486,6 +491,11 @@ class TaskWorkflow:
 
     # ── waiting ──────────────────────────────────────────────────────────────────────────────────────
     async def _wait(self, p: Projection, action: Wait) -> None:
+        if self._unadopted(p) and workflow.patched(ADOPT_BEFORE_WAIT):
+            # An INTENT folded since the loop's last adoption (a person's decision was recorded together with
+            # an INTENT a dead worker's run of this task had written) has no executor yet: waiting now would
+            # wait for nothing. Start it, and wait for it.
+            self._adopt_open_operations(p)
         timeout = None
         if action.until is not None and action.until < self._ceiling_at:
             # The time ceiling has its own alarm (started once); only nearer deadlines need a timer here, so

@@ -14,6 +14,9 @@ from faultkit import (
     resolutions,
 )
 
+from ledgerflow.config import Settings
+from ledgerflow.people import send, signed_payload
+
 
 @pytest.mark.parametrize("point", ["polling", "artifact_staged"])
 async def test_frozen_worker_is_taken_over_and_its_late_writes_change_nothing(rig, sim, point):
@@ -84,3 +87,40 @@ async def test_resume_after_the_workflow_was_terminated(rig, sim):
     assert new_intents and all(e.epoch > old_epoch for e in new_intents), (
         "the new run did not take a new epoch"
     )
+
+
+APPROVED_THEN_SHOT = """
+goal: a frame a person approves, then a paid shot
+budget_ceiling: 20
+approval: {timeout: 1h, policy: escalate}
+stages:
+  - {id: frame, executor: image.keyframe, estimate: 0.4, approval: true}
+  - {id: shot, executor: video.motion, estimate: 1.5, depends_on: [frame]}
+"""
+
+
+async def test_an_intent_written_just_after_a_decision_by_a_worker_that_died_is_adopted(rig, sim):
+    """A person approves; the worker records the decision and the next INTENT (the shot) and dies before its
+    workflow task completes. The next worker replays: recording the decision again returns that INTENT from
+    the ledger. It must start the shot's executor rather than wait (before, it waited for ever: the INTENT
+    arrived after the loop's adoption step, and nothing was left to wake it)."""
+    await sim.configure(executors={"video.motion": {"latency_seconds": 0.2}})
+    plan = rig.plan(APPROVED_THEN_SHOT)
+    assert plan.task_id is not None
+    op = op_key(plan.task_id, "shot")
+    w1 = await rig.spawn(hold_at="intent_recorded", hold_op=op)
+    await rig.start(plan)
+
+    def asked(events) -> bool:
+        return any(e.type == "Intent" and e.payload["action"]["kind"] == "SuspendForHuman" for e in events)
+
+    await rig.wait_ledger(plan.task_id, asked, timeout=30, what="the approval asked")
+    settings = Settings(temporal_address=rig.client.service_client.config.target_host)
+    payload = signed_payload(settings, plan.task_id, "approval:frame:v1", "approve", "director")
+    await send(settings, plan.task_id, payload)
+    await w1.held("intent_recorded", op)
+    seen = rig.events(plan.task_id)
+    await rig.crash(w1)
+    await rig.spawn()
+    await assert_invariants(rig.recorder, sim, [plan.task_id], seen=seen, rig=rig)
+    assert len(await sim.charges(op)) == 1
