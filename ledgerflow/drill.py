@@ -260,7 +260,10 @@ async def run_drill(
                 # the route pauses for every worker. The operator deploys the new key and resumes the route.
                 rotated = {**sim_config, "accepted_keys": ["drill-key-2"]}
                 httpx.put(f"{settings.vendor_url}/admin/config", json=rotated, timeout=10).raise_for_status()
-                await asyncio.sleep(4.0)
+                await start_task()  # work for the old key to meet the rotation with
+                deadline = time.monotonic() + 20.0
+                while time.monotonic() < deadline and not any(s.paused for s in rec.route_states().values()):
+                    await asyncio.sleep(0.2)
                 survivor.kill()
                 env["LEDGERFLOW_VENDOR_API_KEY"] = env["LEDGERFLOW_LLM_API_KEY"] = "drill-key-2"
                 for route, state in rec.route_states().items():
