@@ -48,7 +48,7 @@ async def build_worker(
 
     adapters = Adapters(
         settings.route_table(),
-        vendor_url=settings.vendor_url or str(settings.stack().get("vendor_url") or "") or None,
+        vendor_url=settings.vendor_url_or_none(),
         credential=settings.credential,
         client=http,
         store_for=store_for,

@@ -44,6 +44,14 @@ class ChatReply:
     model: str
 
 
+class LlmRefused(ApplicationError):
+    """The model API refused the call before running it (401/403: the key was refused, e.g. rotated; 408;
+    429): nothing was billed. Retried like any outage, never a refusal of the request itself."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"LLM answered {status}", type="LlmUnavailable")
+
+
 class ChatClient:
     def __init__(
         self,
@@ -93,9 +101,10 @@ class ChatClient:
             )
         except httpx.HTTPError as e:
             raise ApplicationError(f"LLM unreachable: {type(e).__name__}", type="LlmUnavailable") from None
-        if r.status_code >= 500 or r.status_code in (401, 403, 408, 429):
-            # 401/403: the key was refused (rotated): retried until a person fixes it, like a paused route;
-            # never a refusal of the request itself.
+        if r.status_code in (401, 403, 408, 429):
+            raise LlmRefused(r.status_code)
+        if r.status_code >= 500:
+            # The model may have run (and billed) before the server failed: not a proven refusal.
             raise ApplicationError(f"LLM answered {r.status_code}", type="LlmUnavailable")
         if r.status_code >= 400:
             raise ApplicationError(
@@ -129,12 +138,18 @@ DECIDE_SYSTEM = (
 )
 
 
-def _cached(details: Any) -> ChatReply | None:
-    """The answer a previous attempt already paid for (it rode in the heartbeat details), if any."""
-    if not isinstance(details, dict):
+def reply_details(reply: ChatReply, **label: str) -> dict[str, Any]:
+    """A paid answer as heartbeat details, so a retry of the attempt reuses it instead of paying again."""
+    return dataclasses.asdict(reply) | {"cost": str(reply.cost)} | label
+
+
+def cached_reply(details: Any, **label: str) -> ChatReply | None:
+    """The answer a previous attempt already paid for (``reply_details``, with the same ``label``), if any."""
+    if not isinstance(details, dict) or any(details.get(k) != v for k, v in label.items()):
         return None
     try:
-        return ChatReply(**{**details, "cost": Decimal(str(details["cost"]))})
+        fields = {f.name: details[f.name] for f in dataclasses.fields(ChatReply)}
+        return ChatReply(**fields | {"cost": Decimal(str(details["cost"]))})
     except (KeyError, TypeError, ValueError, ArithmeticError):
         return None
 
@@ -153,20 +168,18 @@ class LlmActivities:
         the workflow recomputes it and acts on its own result.
         """
         dedup = decision_key(inp.task_id, inp.watermark)
-        existing = await asyncio.to_thread(self.recorder.find_by_dedup_key, dedup)
+        current, existing = await asyncio.to_thread(self.recorder.preflight, inp.task_id, dedup)
         if existing is not None:  # a retry after the decision was recorded: never pay for it twice
             return existing.payload.get("proposal")
         async with heartbeating() as beat:
-            reply = _cached(beat.details)
+            reply = cached_reply(beat.details)
             if reply is None:
-                if inp.epoch is not None:
+                if inp.epoch is not None and current != inp.epoch:
                     # The fence before a paid call: a zombie of a fenced-off run never pays for a decision.
-                    current = await asyncio.to_thread(self.recorder.current_epoch, inp.task_id)
-                    if current != inp.epoch:
-                        cross(StaleEpoch(inp.task_id, inp.epoch, current or 0))
+                    cross(StaleEpoch(inp.task_id, inp.epoch, current or 0))
                 question = json.dumps({"task": inp.summary}, sort_keys=True, default=str)
                 reply = await self.chat.complete(DECIDE_SYSTEM % inp.allowed, question)
-                beat.beat(dataclasses.asdict(reply) | {"cost": str(reply.cost)})  # a retry reuses the answer
+                beat.beat(reply_details(reply))  # a retry reuses the answer
         raw, problem = parse_json_object(reply.content)
         proposal, problem = parse_proposal(raw) if raw is not None else (None, problem)
         decision = Decision(

@@ -10,9 +10,11 @@ One operation is one external call (or one piece of framework work) under one Op
     → exactly one result under ``{op}:result`` (Outcome, Failure, ExecutionResult or void), settling the
       reservation at the actual cost, plus a cost anomaly wherever the figure is odd or uncertain.
 
-Every executor — the paid stages (``activities/stages.py``), the review and its model call, compose, the
-static gate (``activities/review.py``) and the LLM planner (``activities/llm.py``) — runs inside it. Every
-dedup key comes from ``rules.keys``; every error crosses into Temporal through ``activities.boundary``.
+Every executor — the paid stages (``activities/stages.py``), the review and its model call, compose and the
+static gate (``activities/review.py``) — runs inside it. The LLM planner (``activities/llm.py``) shares its
+heartbeats and its fence, keyed by its decision's watermark, but writes no ``submitting`` marker (a planner
+answer lost with its worker may be asked, and paid for, again: cents). Every dedup key comes from
+``rules.keys``; every error crosses into Temporal through ``activities.boundary``.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
 from temporalio import activity
 
-from activities.boundary import NotYetProvable, RoutePaused
+from activities.boundary import NotYetProvable, RoutePaused, cross
+from artifacts.store import ArtifactStore
 from ledger.errors import LedgerError, StaleEpoch
 from ledger.recorder import Recorder
 from ledgerflow.faults import mark
@@ -81,7 +84,6 @@ class Operation:
         self.task_id, self.node, self.key = task_id, node, key
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
-        self.resolved_here = False
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
     async def open(self, *, fenced: bool = True) -> OperationState:
@@ -102,6 +104,24 @@ class Operation:
         if fenced and view.paused is not None and self.route is not None:
             raise RoutePaused(self.route, view.paused, self.pause_retry_s)
         return state
+
+    async def run(
+        self,
+        body: Callable[[OperationState, Heartbeat], Awaitable[StoredEvent]],
+        *,
+        fenced: bool = True,
+    ) -> StoredEvent:
+        """The whole lifecycle around a body that needs nothing more (compose, review, gate): open — a retry
+        after the result was written does nothing —, heartbeat while the body runs, every error across the
+        boundary into Temporal."""
+        try:
+            async with heartbeating() as beat:
+                state = await self.open(fenced=fenced)
+                if state.result is not None:
+                    return state.result
+                return await body(state, beat)
+        except Exception as e:
+            cross(e)
 
     # ── writes ────────────────────────────────────────────────────────────────────────────────────────
     async def write(
@@ -193,16 +213,34 @@ class Operation:
             raw = f" (vendor figure {amount.raw!r})" if amount.anomaly or amount.amount is None else ""
             await self.anomaly(f"late job {job_id} charged {cost}{raw}: {why}", f"late:{job_id}")
 
+    async def check_inputs(
+        self, inputs: list[dict[str, Any]], store_for: Callable[[str], ArtifactStore]
+    ) -> StoredEvent | None:
+        """Verify every input artifact against its recorded sha256 before it is handed on.
+
+        The first one whose bytes are gone or changed is recorded as lost (its producer makes it again) and
+        the operation is voided, nothing sent: that void is returned. None: every input is intact.
+        """
+        for ref in inputs:
+            store = store_for(ref["uri"])
+            if not await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"]):
+                producer = str(ref.get("node") or self.node)
+                await self.lost(producer, ref["sha256"])
+                return await self.void(
+                    f"input {producer} ({ref['sha256'][:12]}…) is missing or corrupt in the store"
+                )
+        return None
+
     # ── the one result ────────────────────────────────────────────────────────────────────────────────
     async def resolve(
         self, event: Outcome | Failure | ExecutionResult | SystemMarker, spend: Decimal
     ) -> StoredEvent:
         """Write the operation's one resolution, settling its reservation at the actual cost, once.
 
-        ``resolved_here`` says whether this call wrote it (False: someone else's result stands, and the
-        caller must account for anything it paid for itself).
+        Returns the result that stands: this one, or one written first by someone else (the task's end,
+        another attempt), whose ``job_id`` then tells whether it was for the same job.
         """
-        stored, self.resolved_here = await self.write(
+        stored, _ = await self.write(
             to_new(event, dedup_key=result_key(self.key), operation_key=self.key),
             release=self.estimate,
             spend=spend,

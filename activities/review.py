@@ -19,18 +19,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import tempfile
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 from temporalio import activity
 
-from activities.boundary import cross
-from activities.llm import ChatClient, ChatReply
+from activities.llm import ChatClient, ChatReply, LlmRefused, cached_reply, reply_details
 from activities.models import GateInput, StageInput
-from activities.operation import Heartbeat, Operation, heartbeating
+from activities.operation import Heartbeat, Operation
+from activities.stages import probed
 from artifacts.store import ArtifactError, ArtifactStore, sha256_of
 from ledger.recorder import Recorder
 from media import MediaInvalid, probe
@@ -38,6 +36,7 @@ from reconcile.operations import OperationState
 from rules import checks
 from rules.envelope import StoredEvent
 from rules.events import ArtifactRef, ExecutionResult, FailureKind, Media, Outcome, Verdict
+from rules.inputs import refs
 from rules.money import VendorAmount
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import Projection, fold
@@ -49,11 +48,10 @@ from rules.verdicts import (
     parse_judgement,
     score_results,
 )
-from vendors.local import refs
+from vendors.adapter import JobStatus
 from vendors.registry import Adapters
 
 CONTENT_REVIEWER = "content.llm"  # the plan's review.reviewers entry that enables phase 2
-CHAT_TIMEOUT_S = 120.0  # the model call's client timeout, recorded with its write-ahead marker
 REVIEW_SYSTEM = (
     "You review a finished production against its goal. `parts` gives each part's version, `artifacts` "
     "each part's registered artifact (uri, sha256, media metadata), `checks` the automatic checks' "
@@ -112,23 +110,6 @@ def review_prompt(p: Projection, business: Sequence[str], soft: Sequence[CheckRe
     return json.dumps(question)
 
 
-def _cached_reply(details: Any, question: str) -> ChatReply | None:
-    """The judgement a previous attempt paid for, if it was for this very question."""
-    if not isinstance(details, dict) or details.get("question") != question:
-        return None
-    try:
-        return ChatReply(
-            content=str(details["content"]),
-            tokens_in=int(details["tokens_in"]),
-            tokens_out=int(details["tokens_out"]),
-            cost=Decimal(str(details["cost"])),
-            prompt_hash=str(details["prompt_hash"]),
-            model=str(details["model"]),
-        )
-    except (KeyError, TypeError, ValueError, ArithmeticError):
-        return None
-
-
 def _question_id(system: str, user: str) -> str:
     return hashlib.sha256(json.dumps([system, user]).encode()).hexdigest()
 
@@ -166,14 +147,7 @@ class ReviewActivities:
     async def compose(self, inp: StageInput) -> StoredEvent:
         """Assemble the business outputs: the episode itself where the plan says how, else a manifest."""
         op = self._operation(inp, inp.estimate)
-        try:
-            async with heartbeating():
-                state = await op.open()
-                if state.result is not None:
-                    return state.result
-                return await self._compose(op, inp)
-        except Exception as e:
-            cross(e)
+        return await op.run(lambda state, beat: self._compose(op, inp))
 
     async def _compose(self, op: Operation, inp: StageInput) -> StoredEvent:
         p = await self._projection(inp.task_id)
@@ -184,21 +158,23 @@ class ReviewActivities:
                 # compose spends nothing (its estimate is 0): an assembler that costs money needs a stage.
                 error = "the media.assemble route must be local (free); make paid assembly a stage of its own"
                 return await op.failure(FailureKind.INVALID_OUTPUT, error, Decimal(0))
-            for ref in refs(inputs):
-                store = self.store_for(ref["uri"])
-                if not await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"]):
-                    # A shot whose bytes are gone or changed is never assembled: its producer makes it again.
-                    await op.lost(str(ref.get("node")), ref["sha256"])
-                    return await op.void(f"input {ref.get('node')} is missing or corrupt in the store")
+            # A shot whose bytes are gone or changed is never assembled: its producer makes it again.
+            if (lost := await op.check_inputs(refs(inputs), self.store_for)) is not None:
+                return lost
             request = {"shots": inputs["shots"], "audio": inputs.get("audio")}
             job = await assembler.submit(
                 operation_key=op.key, executor="media.assemble", request=request, estimate=Decimal(0)
             )
-            if job.status != "succeeded" or job.inline is None:
+            if job.status != JobStatus.SUCCEEDED or job.inline is None:
                 error = job.error.message if job.error is not None else "assembly produced nothing"
                 return await op.failure(FailureKind.TECHNICAL, error, Decimal(0))
-            data = job.inline
-            media = await asyncio.to_thread(_probe_bytes, data)
+            with self.store.staging(op.key) as staging:
+                staging.write(job.inline)
+                try:
+                    media: Media | None = probed(await asyncio.to_thread(probe, staging.path))
+                except MediaInvalid:
+                    media = None
+                stored = await asyncio.to_thread(self.store.publish, staging, None, operation_key=op.key)
         else:
             manifest = {
                 n: {"sha256": v.artifact["sha256"], "version": v.versions}
@@ -209,7 +185,7 @@ class ReviewActivities:
                 {"task": inp.task_id, "goal": p.plan.goal, "parts": manifest}, sort_keys=True
             ).encode()
             media = None
-        stored = await asyncio.to_thread(self.store.put_bytes, data, None, operation_key=op.key)
+            stored = await asyncio.to_thread(self.store.put_bytes, data, None, operation_key=op.key)
         artifact = ArtifactRef(uri=stored.uri, sha256=stored.sha256, size=stored.size, media=media)
         event = Outcome(
             node=inp.node,
@@ -224,14 +200,8 @@ class ReviewActivities:
     async def review(self, inp: StageInput) -> StoredEvent:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
         op = self._operation(inp, inp.estimate)
-        try:
-            async with heartbeating() as beat:
-                state = await op.open()
-                if state.result is not None:
-                    return state.result  # a retry after the verdict was recorded: never pay for it twice
-                return await self._review(op, state, inp, beat)
-        except Exception as e:
-            cross(e)
+        # A retry after the verdict was recorded returns it: the judgement is never paid for twice.
+        return await op.run(lambda state, beat: self._review(op, state, inp, beat))
 
     async def _review(
         self, op: Operation, state: OperationState, inp: StageInput, beat: Heartbeat
@@ -271,7 +241,7 @@ class ReviewActivities:
         rode in the heartbeat details), else a new call — fenced and written ahead like every paid call —
         whose answer is heartbeated at once for a retry."""
         qid = _question_id(REVIEW_SYSTEM, question)
-        cached = _cached_reply(beat.details, qid)
+        cached = cached_reply(beat.details, question=qid)
         if cached is not None:
             return cached
         for earlier in state.maybe_sent:
@@ -280,35 +250,23 @@ class ReviewActivities:
             await op.late_charge(
                 f"send-{earlier.n}", lost, "a model call whose answer was lost may have been billed"
             )
-        await op.sending(state, CHAT_TIMEOUT_S)
-        reply = await self.chat.complete(
-            REVIEW_SYSTEM, question, schema=judgement_schema(), schema_name="judgement"
-        )
-        beat.beat(
-            {
-                "question": qid,
-                "content": reply.content,
-                "tokens_in": reply.tokens_in,
-                "tokens_out": reply.tokens_out,
-                "cost": str(reply.cost),
-                "prompt_hash": reply.prompt_hash,
-                "model": reply.model,
-            }
-        )
+        send = await op.sending(state, self.chat.timeout)
+        try:
+            reply = await self.chat.complete(
+                REVIEW_SYSTEM, question, schema=judgement_schema(), schema_name="judgement"
+            )
+        except LlmRefused as e:
+            await op.refused(send, str(e))  # provably not run: no longer "maybe sent", never a charge
+            raise
+        beat.beat(reply_details(reply, question=qid))
         return reply
 
     @activity.defn(name="gate.run")
     async def gate(self, inp: GateInput) -> StoredEvent:
         """The static compliance gate of a high-cost node, anchored to its input version."""
         op = self._operation(inp, Decimal(0))
-        try:
-            async with heartbeating():
-                state = await op.open(fenced=inp.epoch is not None)  # unfenced: scheduled before epochs
-                if state.result is not None:
-                    return state.result
-                return await self._gate(op, inp)
-        except Exception as e:
-            cross(e)
+        # Unfenced: a gate scheduled before gates were fenced carries no epoch.
+        return await op.run(lambda state, beat: self._gate(op, inp), fenced=inp.epoch is not None)
 
     async def _gate(self, op: Operation, inp: GateInput) -> StoredEvent:
         p = await self._projection(inp.task_id)
@@ -323,23 +281,3 @@ class ReviewActivities:
             findings=tuple(f"{r.check}: {r.message}" for r in results),
         )
         return await op.resolve(event, spend=Decimal(0))
-
-
-def _probe_bytes(data: bytes) -> Media | None:
-    """What an assembled file is, probed (the composition's media metadata)."""
-    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
-        f.write(data)
-        f.flush()
-        try:
-            found = probe(Path(f.name))
-        except MediaInvalid:
-            return None
-    duration = round(found.duration_s, 3) if found.duration_s is not None else None
-    return Media(
-        format=found.format,
-        duration_s=duration,
-        width=found.width,
-        height=found.height,
-        codec=found.codec,
-        frames=found.frames,
-    )

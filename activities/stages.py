@@ -21,7 +21,9 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Iterable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from temporalio import activity
@@ -29,16 +31,17 @@ from temporalio import activity
 from activities.boundary import NotYetProvable, RoutePaused, cross
 from activities.models import CloseInput, StageInput, SweepInput
 from activities.operation import Heartbeat, Operation, heartbeating
-from artifacts.store import ArtifactCorrupt, ArtifactStore
+from artifacts.store import ArtifactCorrupt, ArtifactMissing, ArtifactStore, read_chunks, sha256_of
 from ledger.errors import AlreadyResolved, StaleEpoch
 from ledger.recorder import Recorder
 from ledgerflow.faults import mark
-from media import MediaInvalid, probe
-from reconcile.operations import Next, OperationState, operation_state, reconcile, stop_step
+from media import MediaInvalid, MediaProbe, probe
+from reconcile.operations import Next, OperationState, after_lookup, operation_state, reconcile, stop_step
 from reconcile.watchdog import StallWatch
 from rules.checks import claim_disagrees, output_problems
 from rules.envelope import StoredEvent
 from rules.events import ArtifactRef, FailureKind, MarkerKind, Media, Outcome
+from rules.inputs import refs
 from rules.keys import is_result_key
 from rules.money import vendor_amount
 from rules.projection import fold
@@ -53,7 +56,6 @@ from vendors.errors import (
     VendorRejected,
     VendorUnavailable,
 )
-from vendors.local import refs
 from vendors.registry import Adapters
 from vendors.routes import RouteSpec
 
@@ -156,8 +158,8 @@ class StageActivities:
     async def _attempt(
         self, op: Operation, adapter: VendorAdapter, inp: StageInput, state: OperationState, attempt: _Attempt
     ) -> StoredEvent:
-        details = activity.info().heartbeat_details
-        heartbeat_job = str(details[0]) if details else None
+        assert attempt.beat is not None
+        heartbeat_job = str(attempt.beat.details) if attempt.beat.details is not None else None
         if not state.sends and heartbeat_job is None and state.job_id is None:
             # Nothing was ever sent for this operation: an equal request's output may stand in for it.
             reused = await self._reuse(op, inp)
@@ -173,8 +175,7 @@ class StageActivities:
         if step.next == Next.RESUME:
             assert step.job_id is not None
             attempt.accepted(step.job_id)
-            for extra in step.extra:
-                await self._charge_extra(op, adapter, extra, "a second job found under the operation's key")
+            await self._charge_extras(op, adapter, step.extra, "a second job found under the operation's key")
             got = step.job or await self._get(op, adapter, step.job_id)
             if isinstance(got, StoredEvent):
                 return got
@@ -257,23 +258,25 @@ class StageActivities:
         it shows (while a send could still land), or — nothing to look it up with — ask a person."""
         if not adapter.capabilities.can_lookup:
             return await op.unknown(f"the vendor refused a resubmission ({e}) and cannot look the key up")
-        found = await adapter.find_by_key(op.key)
-        if found:
-            attempt.accepted(found[0].id)
-            for extra in found[1:]:
-                await self._charge_extra(op, adapter, extra, "a second job found under the operation's key")
-            return found[0]
-        provable = state.provable_at(adapter.route)
-        if provable is not None and state.now < provable:
+        step = after_lookup(state, adapter.route, await adapter.find_by_key(op.key))
+        if step.job is not None:
+            attempt.accepted(step.job.id)
+            await self._charge_extras(op, adapter, step.extra, "a second job found under the operation's key")
+            return step.job
+        if step.next == Next.WAIT:
             why = f"the key is in use at the vendor ({e}) but no job is visible yet"
-            raise NotYetProvable(why, min(1.0, (provable - state.now).total_seconds() + 0.1)) from e
+            raise NotYetProvable(why, min(1.0, step.wait_s + 0.1)) from e
+        # Absent, and no send can land any more — yet the vendor refused the key: something holds it.
         return await op.unknown(f"the vendor refused the key ({e}) but no job of it can be found")
 
-    async def _charge_extra(self, op: Operation, adapter: VendorAdapter, job: VendorJob, why: str) -> None:
-        """A job of this operation beyond the one it keeps: stop it, and record what it cost."""
-        if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
-            job = await _cancel(adapter, job.id)
-        await op.late_charge(job.id, job_amount(adapter.route, job), why)
+    async def _charge_extras(
+        self, op: Operation, adapter: VendorAdapter, jobs: Iterable[VendorJob], why: str
+    ) -> None:
+        """Jobs of this operation beyond the one it keeps: stop each, and record what it cost."""
+        for job in jobs:
+            if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
+                job = await _cancel(adapter, job.id)
+            await op.late_charge(job.id, job_amount(adapter.route, job), why)
 
     async def _input_urls(self, op: Operation, inp: StageInput) -> dict[str, str] | StoredEvent:
         """Every input, verified against its recorded sha256, and a URL the vendor can fetch it from.
@@ -282,17 +285,12 @@ class StageActivities:
         An input whose bytes are gone or changed is never handed on: it is recorded as lost (its producer
         makes it again) and this attempt is voided, nothing sent.
         """
-        urls = {}
-        for ref in refs(inp.input.get("inputs")):
-            store = self.store_for(ref["uri"])
-            if not await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"]):
-                producer = str(ref.get("node") or inp.node)
-                await op.lost(producer, ref["sha256"])
-                return await op.void(
-                    f"input {producer} ({ref['sha256'][:12]}…) is missing or corrupt in the store"
-                )
-            urls[ref["sha256"]] = await asyncio.to_thread(store.fetch_url, ref["uri"])
-        return urls
+        inputs = refs(inp.input.get("inputs"))
+        if (lost := await op.check_inputs(inputs, self.store_for)) is not None:
+            return lost
+        return {
+            r["sha256"]: await asyncio.to_thread(self.store_for(r["uri"]).fetch_url, r["uri"]) for r in inputs
+        }
 
     async def _reuse(self, op: Operation, inp: StageInput) -> StoredEvent | None:
         """Register an earlier output of an equal request (same input hash) instead of paying again.
@@ -369,7 +367,7 @@ class StageActivities:
         else:
             cost = op.estimate
             await op.anomaly(
-                f"{why}; its charge cannot be read from the vendor: counted at the estimate {cost}"
+                f"{why}; its charge cannot be read from the vendor: counted at the estimate {cost}", "billing"
             )
         return await op.failure(FailureKind.TECHNICAL, why, cost, job_id=job_id)
 
@@ -379,8 +377,7 @@ class StageActivities:
         """Poll until the job ends or stalls, heartbeating its id: a retry resumes it, never resubmits."""
         watch = StallWatch(inp.stall_after)
         mark("polling", op=op.key, job=job.id)
-        while job.status == JobStatus.RUNNING:
-            activity.heartbeat(job.id)
+        while job.status == JobStatus.RUNNING:  # the job id is heartbeated (attempt.accepted)
             if watch.stalled(job.progress, time.monotonic()):
                 return job
             await asyncio.sleep(self.poll_interval)
@@ -407,7 +404,7 @@ class StageActivities:
         """Record the finished job as the operation's result; if another result stands (another attempt, or
         the task's end, resolved it meanwhile), this job was paid for all the same: record its charge."""
         stored = await self._settle_job(op, adapter, inp, job)
-        if not op.resolved_here and stored.payload.get("job_id") != job.id:
+        if stored.payload.get("job_id") != job.id:  # every result written here names its job
             await op.late_charge(
                 job.id, job_amount(adapter.route, job), "finished after another result stood"
             )
@@ -449,13 +446,10 @@ class StageActivities:
         """Stream the output into the store (hashed as it arrives), probe it if it is media, publish it."""
         expected = job.result.sha256 if job.result is not None else None
         claimed = job.result.media if job.result is not None else None
-        if expected is not None and (kept := await self._already_stored(expected)) is not None:
+        if expected is not None and (kept := await self._already_stored(inp, expected, claimed)) is not None:
             # Stored before a crash (the bytes the vendor promised, verified): never fetched again, so an
             # output the vendor purged meanwhile is not lost, and nothing is paid for twice.
-            with self.store.local_copy(kept) as path:
-                size = path.stat().st_size
-                media, claim = await self._media(inp, path, claimed)
-            return ArtifactRef(uri=kept, sha256=expected, size=size, media=media, claimed=claim)
+            return kept
         with self.store.staging(op.key) as staging:
             try:
                 if job.inline is not None:
@@ -479,12 +473,21 @@ class StageActivities:
         mark("artifact_stored", op=op.key, sha=stored.sha256[:12])
         return ArtifactRef(uri=stored.uri, sha256=stored.sha256, size=stored.size, media=media, claimed=claim)
 
-    async def _already_stored(self, sha256: str) -> str | None:
-        """The store's URI of these bytes, if it holds them intact (same bytes, same URI)."""
+    async def _already_stored(self, inp: StageInput, sha256: str, claimed: Any) -> ArtifactRef | None:
+        """These bytes as the store holds them, intact and probed, if it does (one read of the object)."""
         uri = await asyncio.to_thread(self.store.find, sha256)
-        if uri is None or not await asyncio.to_thread(self.store.verify, uri, sha256):
+        if uri is None:
             return None
-        return uri
+        with contextlib.ExitStack() as stack:
+            try:
+                path = await asyncio.to_thread(stack.enter_context, self.store.local_copy(uri))
+            except ArtifactMissing:
+                return None
+            digest, size = await asyncio.to_thread(_file_sha256, path)
+            if digest != sha256:
+                return None  # changed in the store: fetched again from the vendor
+            media, claim = await self._media(inp, path, claimed)
+        return ArtifactRef(uri=uri, sha256=sha256, size=size, media=media, claimed=claim)
 
     async def _media(self, inp: StageInput, path: Any, claimed: Any) -> tuple[Media | None, Media | None]:
         """What the file is, probed (never only what the vendor says), with the vendor's rights metadata.
@@ -501,15 +504,7 @@ class StageActivities:
             found = await asyncio.to_thread(probe, path)
         except MediaInvalid as e:
             raise ResultProblem(FailureKind.INVALID_OUTPUT, f"the output is not valid media: {e}") from e
-        media = Media(
-            format=found.format,
-            duration_s=round(found.duration_s, 3) if found.duration_s is not None else None,
-            width=found.width,
-            height=found.height,
-            codec=found.codec,
-            frames=found.frames,
-            rights=said.rights if said else None,
-        )
+        media = probed(found, rights=said.rights if said else None)
         return media, said if said is not None and claim_disagrees(media, said) else None
 
     # ── ending an operation ───────────────────────────────────────────────────────────────────────────
@@ -523,7 +518,7 @@ class StageActivities:
         if why is None or not why.cancel_requested:
             return
         try:
-            await self._stop(op, inp.executor, attempt.job_id)
+            await self._stop(op, inp, attempt.job_id)
         except Exception:
             # The workflow closes whatever is still open (operation.close), from the record and the vendor.
             activity.logger.warning("could not stop %s on cancellation; the workflow will close it", op.key)
@@ -531,18 +526,19 @@ class StageActivities:
     async def _stop(
         self,
         op: Operation,
-        executor: str,
+        stage: StageInput,
         heartbeat_job: str | None,
         *,
         gave_up: str | None = None,
-        stage: StageInput | None = None,
     ) -> StoredEvent:
         """End an open operation now, never submitting: cancel its job and record what it cost.
 
-        ``gave_up``: why its executor ended without a result (the task goes on): an operation that never
-        reached the vendor is then a technical Failure (counted against the node's retries, so a bug cannot
-        loop through voids), not a void. ``stage``: the node's request and bounds, for a job that succeeded.
+        ``stage``: the node's request and bounds, so a job that succeeded meanwhile is checked and registered
+        like any other output. ``gave_up``: why its executor ended without a result (the task goes on): an
+        operation that never reached the vendor is then a technical Failure (counted against the node's
+        retries, so a bug cannot loop through voids), not a void.
         """
+        executor = stage.executor
         state = await op.open(fenced=False)
         if state.result is not None:
             return state.result
@@ -571,7 +567,7 @@ class StageActivities:
         if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
             job = await _cancel(adapter, job.id)
         if job.status == JobStatus.SUCCEEDED:
-            return await self._settle(op, adapter, stage or _close_as_stage(op, executor), job)
+            return await self._settle(op, adapter, stage, job)
         cost = await op.settle_cost(job_amount(adapter.route, job))
         shown = f"{job.progress:.0%}" if job.progress is not None else "?"
         error = f"cancelled: {why} while job {job.id} was {job.status} at {shown}"
@@ -600,7 +596,7 @@ class StageActivities:
         )
         try:
             try:
-                return await self._stop(op, inp.executor, None, gave_up=inp.gave_up, stage=stage)
+                return await self._stop(op, stage, None, gave_up=inp.gave_up)
             except (NotYetProvable, StaleEpoch):
                 raise
             except Exception as e:
@@ -648,7 +644,7 @@ class StageActivities:
         if not void or intent is None or intent.payload["action"].get("kind") != "Dispatch":
             return 0
         assert result is not None
-        state = operation_state(op_events, result.recorded_at)
+        state = operation_state(op_events, result.recorded_at)  # as it stood when it was voided
         executor = intent.payload["action"]["executor"]
         try:
             adapter = self.adapters.get(executor)
@@ -668,26 +664,26 @@ class StageActivities:
             epoch=0,
             estimate=Decimal(str(intent.payload.get("reservation") or "0")),
         )
-        for job in jobs:
-            if job.status == JobStatus.RUNNING and adapter.capabilities.can_cancel:
-                job = await _cancel(adapter, job.id)
-            await op.late_charge(
-                job.id, job_amount(adapter.route, job), "created after its operation was voided"
-            )
+        await self._charge_extras(op, adapter, jobs, "created after its operation was voided")
         return len(jobs)
 
 
-def _close_as_stage(op: Operation, executor: str) -> StageInput:
-    """A StageInput good enough to register the output of a job that finished while its task was ending."""
-    return StageInput(
-        task_id=op.task_id,
-        node=op.node,
-        operation_key=op.key,
-        attempt=0,
-        epoch=op.epoch,
-        executor=executor,
-        estimate=op.estimate,
+def probed(found: MediaProbe, rights: dict[str, str] | None = None) -> Media:
+    """A file's media metadata as the ledger records it: what the probe found (plus the vendor's rights)."""
+    return Media(
+        format=found.format,
+        duration_s=round(found.duration_s, 3) if found.duration_s is not None else None,
+        width=found.width,
+        height=found.height,
+        codec=found.codec,
+        frames=found.frames,
+        rights=rights,
     )
+
+
+def _file_sha256(path: Path) -> tuple[str, int]:
+    with path.open("rb") as f:
+        return sha256_of(read_chunks(f))
 
 
 async def _cancel(adapter: VendorAdapter, job_id: str) -> VendorJob:

@@ -15,7 +15,6 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from artifacts.store import (
-    CHUNK_SIZE,
     ArtifactError,
     ArtifactMissing,
     StagedStore,
@@ -24,7 +23,6 @@ from artifacts.store import (
     StoredArtifact,
     content_path,
     read_chunks,
-    sha256_of,
 )
 
 
@@ -34,6 +32,14 @@ def path_of(uri: str) -> Path:
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
         raise ArtifactError(f"not a local file URI: {uri}")
     return Path(url2pathname(parsed.path))
+
+
+def _existing(uri: str) -> Path:
+    """The file of a stored artifact (ArtifactMissing if there is none)."""
+    path = path_of(uri)
+    if not path.is_file():
+        raise ArtifactMissing(f"no artifact at {uri}")
+    return path
 
 
 def _fsync_dir(path: Path) -> None:
@@ -83,25 +89,13 @@ class LocalStore(StagedStore):
         final = self.root / content_path(sha256)
         return final.as_uri() if final.is_file() else None
 
-    def verify(self, uri: str, sha256: str) -> bool:
-        """Whether the file at ``uri`` exists and still hashes to ``sha256`` (re-read as a stream)."""
-        try:
-            with path_of(uri).open("rb") as f:
-                digest, _ = sha256_of(read_chunks(f))
-        except (FileNotFoundError, IsADirectoryError):
-            return False
-        return digest == sha256.lower()
-
     def open_read(self, uri: str) -> Iterator[bytes]:
         """The file's bytes, in chunks of at most 1 MiB.
 
         Raises:
             ArtifactMissing: No file at ``uri`` (raised by the call, before iterating).
         """
-        path = path_of(uri)
-        if not path.is_file():
-            raise ArtifactMissing(f"no artifact at {uri}")
-        return self._chunks(path, uri)
+        return self._chunks(_existing(uri), uri)
 
     @staticmethod
     def _chunks(path: Path, uri: str) -> Iterator[bytes]:
@@ -111,7 +105,7 @@ class LocalStore(StagedStore):
         except FileNotFoundError:
             raise ArtifactMissing(f"no artifact at {uri}") from None
         with f:
-            yield from read_chunks(f, CHUNK_SIZE)
+            yield from read_chunks(f)
 
     @contextmanager
     def local_copy(self, uri: str) -> Iterator[Path]:
@@ -120,10 +114,7 @@ class LocalStore(StagedStore):
         Raises:
             ArtifactMissing: No file at ``uri``.
         """
-        path = path_of(uri)
-        if not path.is_file():
-            raise ArtifactMissing(f"no artifact at {uri}")
-        yield path
+        yield _existing(uri)
 
     def fetch_url(self, uri: str, expires_seconds: int = 3600) -> str:
         """The ``file://`` URI itself: only a vendor running on this machine can fetch a local artifact.

@@ -32,7 +32,6 @@ from artifacts.store import (
     StoredArtifact,
     content_path,
     rechunk,
-    sha256_of,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ PART_SIZE = 8 * 1024 * 1024
 """Multipart part size (S3's minimum is 5 MiB); smaller artifacts go up in a single PUT."""
 PART_CONCURRENCY = 2
 """Parts in flight at once: the upload holds at most PART_SIZE × PART_CONCURRENCY bytes, whatever the size."""
-_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # as urlparse gives hostnames (no brackets)
 
 
 def default_staging_dir() -> Path:
@@ -196,7 +195,7 @@ class S3Store(StagedStore):
             return None
         return self._uri(key)
 
-    def _stream(self, uri: str) -> Iterator[bytes]:
+    def open_read(self, uri: str) -> Iterator[bytes]:
         """Start a GET (raising ArtifactMissing now if there is no object) and return its chunks."""
         try:
             result = obstore.get(self._store, self._key_of(uri))
@@ -205,22 +204,6 @@ class S3Store(StagedStore):
             raise ArtifactMissing(f"no artifact at {uri}") from None
         # min_chunk_size is a lower bound (network frames are coalesced up to it); rechunk caps the size.
         return rechunk(result.stream(min_chunk_size=CHUNK_SIZE // 4), CHUNK_SIZE)
-
-    def verify(self, uri: str, sha256: str) -> bool:
-        """Whether the object at ``uri`` exists and still hashes to ``sha256`` (streamed, not downloaded)."""
-        try:
-            digest, _ = sha256_of(self._stream(uri))
-        except ArtifactMissing:
-            return False
-        return digest == sha256.lower()
-
-    def open_read(self, uri: str) -> Iterator[bytes]:
-        """The object's bytes, in chunks of at most 1 MiB.
-
-        Raises:
-            ArtifactMissing: No object at ``uri`` (raised by the call, before iterating).
-        """
-        return self._stream(uri)
 
     @contextmanager
     def local_copy(self, uri: str) -> Iterator[Path]:
@@ -231,7 +214,7 @@ class S3Store(StagedStore):
         Raises:
             ArtifactMissing: No object at ``uri``.
         """
-        chunks = self._stream(uri)
+        chunks = self.open_read(uri)
         with self._area.temp_file("dl-") as path:
             with path.open("wb") as f:
                 for chunk in chunks:

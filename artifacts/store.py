@@ -338,6 +338,18 @@ class StagedStore:
         """Put the sealed, checked staging file under its content address; the backend's atomic step."""
         raise NotImplementedError
 
+    def open_read(self, uri: str) -> Iterator[bytes]:
+        """The object's bytes, in chunks of at most ``CHUNK_SIZE`` (ArtifactMissing if there is none)."""
+        raise NotImplementedError
+
+    def verify(self, uri: str, sha256: str) -> bool:
+        """Whether the object at ``uri`` exists and still hashes to ``sha256`` (re-read as a stream)."""
+        try:
+            digest, _ = sha256_of(self.open_read(uri))
+        except ArtifactMissing:
+            return False
+        return digest == sha256.lower()
+
     @contextmanager
     def staging(self, operation_key: str = "") -> Iterator[Staging]:
         """A temp file to stream an artifact into; removed on exit unless published.

@@ -56,7 +56,7 @@ from ledger.errors import (
 )
 from ledger.schema import DEDUP_CONSTRAINT, budget_accounts, create_schema, events, route_events, task_leases
 from rules.envelope import NewEvent, StoredEvent
-from rules.money import MAX_AMOUNT, MONEY_SCALE, QUANTUM
+from rules.money import MONEY_SCALE, parse_amount
 
 _EVENT_COLUMNS: Final = (
     events.c.task_id,
@@ -712,16 +712,10 @@ def _amount(name: str, value: object) -> Decimal:
     """
     if isinstance(value, bool) or not isinstance(value, Decimal | int):
         raise InvalidAmount(name, value, f"must be a Decimal or an int, not {type(value).__name__}")
-    amount = Decimal(value)
-    if not amount.is_finite():
-        raise InvalidAmount(name, value, "must be finite")
-    if amount < 0:
-        raise InvalidAmount(name, value, "must not be negative")
-    if amount > MAX_AMOUNT:
-        raise InvalidAmount(name, value, f"must be at most {MAX_AMOUNT}")
-    if amount != amount.quantize(QUANTUM):
-        raise InvalidAmount(name, value, f"must have at most {MONEY_SCALE} decimal places")
-    return amount
+    try:
+        return parse_amount(value)  # the one money type's rules (rules.money)
+    except ValueError as e:
+        raise InvalidAmount(name, value, str(e)) from None
 
 
 def _lock_accounts(conn: Connection, task_id: str, scopes: list[str] | None) -> list[Account]:

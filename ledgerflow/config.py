@@ -96,13 +96,17 @@ class Settings(BaseSettings):
             )
         return str(url)
 
+    def vendor_url_or_none(self) -> str | None:
+        """The vendor's URL: the setting, else the embedded stack's simulator, else None."""
+        return str(self.vendor_url or self.stack().get("vendor_url") or "") or None
+
     def resolved_vendor_url(self) -> str:
-        url = self.vendor_url or self.stack().get("vendor_url")
+        url = self.vendor_url_or_none()
         if not url:
             raise ConfigError(
                 "no vendor: set LEDGERFLOW_VENDOR_URL or start the embedded stack with `ledgerflow up`"
             )
-        return str(url)
+        return url
 
     def resolved_llm_url(self) -> str:
         return self.llm_url or self.resolved_vendor_url()

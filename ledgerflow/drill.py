@@ -337,7 +337,10 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
 def vendor_charges(vendor_url: str, task_ids: list[str]) -> tuple[int, Decimal]:
     """From the vendor's own charge list, for these tasks: duplicate charges (more than one per
     OperationKey) and the total charged."""
-    mine = _charges(vendor_url, task_ids)
+    return _duplicates_and_total(_charges(vendor_url, task_ids))
+
+
+def _duplicates_and_total(mine: list[dict[str, Any]]) -> tuple[int, Decimal]:
     keys = [c["idempotency_key"] for c in mine]
     return len(keys) - len(set(keys)), sum((_money(c["amount"]) for c in mine), Decimal(0))
 
@@ -381,10 +384,11 @@ async def _recovered(rec: Any, task: str, before: int, killed_at: float, timeout
 
 
 async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: list[str]) -> None:
-    report.duplicate_charges, report.vendor_total = vendor_charges(str(settings.vendor_url), task_ids)
+    charges = _charges(str(settings.vendor_url), task_ids)  # the vendor's own billing, read once
+    report.duplicate_charges, report.vendor_total = _duplicates_and_total(charges)
     report.tasks = len(task_ids)
     billed: dict[str, Decimal] = {}
-    for c in _charges(str(settings.vendor_url), task_ids):
+    for c in charges:
         billed[c["idempotency_key"]] = billed.get(c["idempotency_key"], Decimal(0)) + _money(c["amount"])
     for tid in task_ids:
         events = rec.read_events(tid)

@@ -11,9 +11,10 @@ from typing import Any
 
 from rich.table import Table
 
+from rules.actions import Dispatch
 from rules.envelope import StoredEvent
 from rules.events import Intent, Outcome, parse
-from vendors.local import refs
+from rules.inputs import refs
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,21 @@ class ArtifactRow:
 
 def artifact_rows(events: list[StoredEvent]) -> list[ArtifactRow]:
     """One row per registered artifact, oldest first, with the inputs its request named."""
-    asked: dict[str, Intent] = {}
+    asked: dict[str, Dispatch] = {}
     for e in events:
         if e.type == "Intent" and e.operation_key is not None:
             intent = parse(e)
-            if intent.action.kind == "Dispatch":
-                asked[e.operation_key] = intent
+            if isinstance(intent, Intent) and isinstance(intent.action, Dispatch):
+                asked[e.operation_key] = intent.action
     outcomes = [(e.seq, parse(e)) for e in events if e.type == "Outcome"]
     latest = {o.node: seq for seq, o in outcomes}
     rows = []
     for seq, o in outcomes:
         assert isinstance(o, Outcome)
-        intent = asked.get(o.operation_key)
+        dispatch = asked.get(o.operation_key)
         inputs = []
-        if intent is not None:
-            for name, value in (intent.action.input.get("inputs") or {}).items():
+        if dispatch is not None:
+            for name, value in (dispatch.input.get("inputs") or {}).items():
                 inputs += [{"name": name, "node": r.get("node"), "sha256": r["sha256"]} for r in refs(value)]
         media = o.artifact.media.model_dump(exclude_none=True) if o.artifact.media else None
         rows.append(

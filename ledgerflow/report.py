@@ -21,7 +21,7 @@ def stage_rows(summary: dict[str, Any]) -> list[tuple[str, int, int, int, Decima
         row[2] += node["status"] == "succeeded"
         row[3] += node["attempts"]
         row[4] += Decimal(node["spent"])
-    return [tuple(r) for r in rows.values()]  # type: ignore[misc]
+    return [tuple(r) for r in rows.values()]
 
 
 def status_table(summary: dict[str, Any]) -> Table:

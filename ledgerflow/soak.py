@@ -28,7 +28,7 @@ from ledgerflow import client as lf
 from ledgerflow import stack
 from ledgerflow.config import Settings
 from ledgerflow.drill import vendor_charges
-from rules.events import Escalation, ExecutionResult, Failure, Intent, Outcome, parse
+from rules.events import Escalation, ExecutionResult, Intent, parse, vendor_spend
 from rules.projection import fold
 from rules.table import RULES
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
@@ -157,10 +157,9 @@ def tally(rec: Recorder, task_ids: list[str], vendor_url: str) -> SoakReport:
                 verdicts.append(str(ev.verdict))
             if isinstance(ev, ExecutionResult) and ev.kind == "gate" and not ev.passed:
                 report.gate_failures += 1
-            if isinstance(ev, Outcome | Failure):  # vendor jobs (compose records 0)
-                report.ledger_total += ev.actual_cost
             if isinstance(ev, Escalation):
                 report.escalations[f"{rule} {RULE_NAMES.get(rule, '')}".strip()] += 1
+        report.ledger_total += vendor_spend(events)  # every operation's cost and every late charge
         report.review_verdicts.update(verdicts)
         report.last_verdicts[verdicts[-1] if verdicts else "no review"] += 1
         report.end_states[p.state.value] += 1

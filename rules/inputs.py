@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rules.dag import Graph, NodeSpec
     from rules.plan import Plan, Stage
-
-REF_FIELDS: Final = ("uri", "sha256", "size", "media", "node", "seq")
 
 
 def declared(stage: Stage) -> dict[str, str | tuple[str, ...]]:
@@ -112,10 +110,28 @@ def input_hash(request: dict[str, Any], *, node: str = "", executor: str = "", o
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _reduced(value: Any) -> Any:
+def is_ref(value: Any) -> bool:
+    """Whether a request value is an artifact reference (a mapping with a ``uri`` and a ``sha256``)."""
+    return (
+        isinstance(value, dict) and isinstance(value.get("uri"), str) and isinstance(value.get("sha256"), str)
+    )
+
+
+def refs(value: Any) -> list[dict[str, Any]]:
+    """Every artifact reference in a request value, in order."""
+    if is_ref(value):
+        return [value]
     if isinstance(value, dict):
-        if isinstance(value.get("sha256"), str) and "uri" in value:
-            return value["sha256"]
+        return [r for v in value.values() for r in refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in refs(v)]
+    return []
+
+
+def _reduced(value: Any) -> Any:
+    if is_ref(value):
+        return value["sha256"]
+    if isinstance(value, dict):
         return {k: _reduced(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_reduced(v) for v in value]

@@ -93,8 +93,3 @@ def vendor_amount(raw: Any, *, what: str = "cost") -> VendorAmount:
             rounded, f"vendor {what} {shown} is finer than {QUANTUM}: recorded as {rounded}", shown
         )
     return VendorAmount(rounded, None, shown)
-
-
-def money(amount: Decimal) -> Decimal:
-    """``amount`` at the ledger's scale (exact amounts only: rounding is :func:`vendor_amount`'s business)."""
-    return amount.quantize(QUANTUM)

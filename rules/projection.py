@@ -89,7 +89,7 @@ class OutputView:
     operation_key: str
     input_hash: str | None
     artifact: dict[str, Any]
-    seq: int
+    reused_from: str | None = None  # the operation whose output this one reused (nothing was sent for it)
     flagged: bool = False  # a review blamed it: never reused
     lost: bool = False  # its bytes were found missing or corrupt: never reused, never handed on
 
@@ -107,6 +107,7 @@ class NodeView:
     attempts: int = 0  # business attempts dispatched so far (each has its own OperationKey)
     round_base: int = 0  # attempts made before the current rework round: retries are counted per round
     voided: int = 0  # attempts voided because they provably never reached the vendor (keys stay unique)
+    voided_base: int = 0  # ``voided`` when the current rework round began
     extra_attempts: int = 0  # granted by a person (Resume on a dead letter)
     operation_key: str | None = None  # the current attempt's key
     job_id: str | None = None
@@ -126,7 +127,11 @@ class NodeView:
     rework_round: int = 0
     dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
-    reused: bool = False  # its current output was reused (nothing sent for it this time)
+
+    @property
+    def reused(self) -> bool:
+        """Its current output was reused (nothing sent for it this time)."""
+        return bool(self.outputs) and self.outputs[-1].reused_from is not None
 
     @property
     def last_failure(self) -> FailureInfo | None:
@@ -224,7 +229,7 @@ class Projection:
         to ``FREE_VOIDS`` times: beyond that something keeps voiding it (an input that cannot be made, a bug)
         and it counts, so a person is asked instead of a loop."""
         view = self.nodes[node]
-        free = min(view.voided, FREE_VOIDS)
+        free = min(view.voided - view.voided_base, FREE_VOIDS)
         return view.attempts - view.round_base - free >= self.max_attempts(node)
 
 
@@ -281,9 +286,8 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                 node.versions += 1
                 node.job_id = event.job_id or node.job_id
                 node.outputs.append(
-                    OutputView(event.operation_key, event.input_hash, node.artifact, stored.seq)
+                    OutputView(event.operation_key, event.input_hash, node.artifact, event.reused_from)
                 )
-                node.reused = event.reused_from is not None
         case ExecutionResult():
             _apply_result(p, event, stored)
         case Progress():
@@ -317,6 +321,8 @@ def apply(p: Projection, stored: StoredEvent) -> None:
                     view.status = NodeStatus.STALE
                     view.approved = False
                     view.round_base = view.attempts
+                    if stored.schema_version >= 3:  # v3: the free voids are per round too (v2 leaked them)
+                        view.voided_base = view.voided
                     if stored.schema_version < 3 or n in event.flagged or n == REVIEW:
                         # v3: what the review said goes to what it blamed (and to the review itself, so its
                         # next question is never the unchanged one). A node invalidated only because it is
@@ -436,6 +442,7 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
                 out.lost = True
         if node.status == NodeStatus.SUCCEEDED and node.artifact and node.artifact.get("sha256") == e.detail:
             node.status = NodeStatus.STALE
+            node.approved = False  # the output made again is new bytes: approved again before it is used
     elif e.kind == MarkerKind.LATE_CHARGE and e.amount is not None:
         _spend(p, p.nodes.get(e.node) if e.node else None, e.amount)
 

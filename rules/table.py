@@ -282,6 +282,7 @@ def ready_nodes(p: Projection) -> list[NodeView]:
         if n.in_flight:
             sid = p.graph.nodes[n.id].stage.id
             in_flight_by_stage[sid] = in_flight_by_stage.get(sid, 0) + 1
+    really_ran: dict[str, bool] = {}  # per canaried stage: has any node of it succeeded without reuse?
     out = []
     for n in p.nodes.values():
         if (
@@ -299,9 +300,11 @@ def ready_nodes(p: Projection) -> list[NodeView]:
             canary = p.nodes[stage_nodes[0]]
             if canary.status != NodeStatus.SUCCEEDED:
                 continue
-            if canary.reused and not any(
-                p.nodes[s].status == NodeStatus.SUCCEEDED and not p.nodes[s].reused for s in stage_nodes
-            ):
+            if spec.stage.id not in really_ran:
+                really_ran[spec.stage.id] = any(
+                    p.nodes[s].status == NodeStatus.SUCCEEDED and not p.nodes[s].reused for s in stage_nodes
+                )
+            if canary.reused and not really_ran[spec.stage.id]:
                 # A reused canary proved nothing about the route this time: until one node really ran,
                 # the fan-out goes one at a time (each acting as the canary).
                 stage_width = 1
@@ -415,9 +418,13 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
 def _refs(p: Projection, src: str | list[str]) -> dict[str, Any] | list[dict[str, Any]] | None:
     """The artifact reference(s) of the producing node(s); None for a producer with no artifact."""
     if isinstance(src, list):
-        return [r for s in src if (r := _refs(p, s)) is not None and isinstance(r, dict)]
-    view = p.nodes[src]
-    return reference(src, view.artifact, view.artifact_seq) if view.artifact else None
+        return [r for s in src if (r := _ref(p, s)) is not None]
+    return _ref(p, src)
+
+
+def _ref(p: Projection, node: str) -> dict[str, Any] | None:
+    view = p.nodes[node]
+    return reference(node, view.artifact, view.artifact_seq) if view.artifact else None
 
 
 # ── the table ─────────────────────────────────────────────────────────────────────────────────────

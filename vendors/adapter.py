@@ -131,12 +131,24 @@ class VendorAdapter(Protocol):
     """One vendor protocol. Every method raises only :mod:`vendors.errors` types."""
 
     route: RouteSpec
-    capabilities: Capabilities
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     async def submit(
-        self, *, operation_key: str, executor: str, request: dict[str, Any], estimate: Decimal
+        self,
+        *,
+        operation_key: str,
+        executor: str,
+        request: dict[str, Any],
+        estimate: Decimal,
+        files: dict[str, str] | None = None,
     ) -> VendorJob:
-        """Send one request under ``operation_key``; returns the job (finished, for a synchronous adapter)."""
+        """Send one request under ``operation_key``; returns the job (finished, for a synchronous adapter).
+
+        ``files``: sha256 → a URL the vendor can fetch that input from, sent beside the request (a presigned
+        URL changes on every retry and must not make a resubmission look like another request).
+        """
         ...
 
     async def get(self, job_id: str) -> VendorJob: ...

@@ -16,10 +16,12 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
+from vendors.adapter import VendorJob
 from vendors.errors import (
     UnsafeResultUrl,
     VendorAuthError,
@@ -36,6 +38,7 @@ from vendors.errors import (
 from vendors.routes import RouteSpec
 
 DEFAULT_RETRY_AFTER = 1.0
+M = TypeVar("M", bound=BaseModel)
 
 
 class HttpVendor:
@@ -132,7 +135,7 @@ class HttpVendor:
             return VendorNotFound(message, status_code=status)
         return VendorRejected(message, status_code=status)
 
-    def parse(self, model: Any, response: httpx.Response) -> Any:
+    def parse(self, model: type[M], response: httpx.Response) -> M:
         """``model.model_validate`` of the JSON body, or VendorBadResponse (never a bare KeyError)."""
         try:
             return model.model_validate(response.json())
@@ -151,7 +154,13 @@ class HttpVendor:
         own = (url.scheme, url.host, url.port) == (self._base.scheme, self._base.host, self._base.port)
         return url, own or url.host in self.route.allow_hosts
 
-    async def download(self, raw_url: str, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
+    async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
+        """Stream a succeeded job's output into ``sink`` (VendorNotFound if the job names none)."""
+        if job.result is None:
+            raise VendorNotFound(f"job {job.id} has no result (status {job.status})")
+        await self.stream(job.result.url, sink)
+
+    async def stream(self, raw_url: str, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
         """Stream ``raw_url`` into ``sink``; the credential only where ``resolve`` allows it."""
         url, credentials = self.resolve(raw_url)
         where = f"GET {url.host}{url.path}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from vendors.adapter import Capabilities, JobError, JobStatus, ResultFile, VendorJob
-from vendors.errors import ArtifactHashMismatch, VendorConflict, VendorNotFound, VendorWaitTimeout
+from vendors.errors import ArtifactHashMismatch, VendorConflict, VendorWaitTimeout
 from vendors.httpbase import HttpVendor
 from vendors.routes import VendorMode
 
@@ -112,11 +112,6 @@ class JobsAdapter(HttpVendor):
             # 409 means the job already finished: too late to cancel is not an error for the caller.
             return await self.get(job_id)
         return self._job(response)
-
-    async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
-        if job.result is None:
-            raise VendorNotFound(f"job {job.id} has no result (status {job.status})")
-        await super().download(job.result.url, sink)
 
     async def fetch_result(self, job: VendorJob) -> bytes:
         """The whole artifact in memory, checked against the advertised sha256 (small results, tests)."""

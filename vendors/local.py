@@ -26,6 +26,7 @@ from typing import Any
 
 from artifacts.store import ArtifactError, ArtifactStore
 from media import MediaInvalid, assemble
+from rules.inputs import refs
 from vendors.adapter import Capabilities, FailureKind, JobError, JobStatus, MediaInfo, ResultFile, VendorJob
 from vendors.codecheck import check_markdown
 from vendors.errors import VendorNotFound, VendorRejected
@@ -43,17 +44,6 @@ def _done(data: bytes, fmt: str) -> VendorJob:
     return VendorJob(
         id=job_id, status=JobStatus.SUCCEEDED, progress=1.0, cost="0", inline=data, result=result
     )
-
-
-def refs(value: Any) -> list[dict[str, Any]]:
-    """Every artifact reference (a mapping with ``uri`` and ``sha256``) in a request value, in order."""
-    if isinstance(value, dict):
-        if isinstance(value.get("uri"), str) and isinstance(value.get("sha256"), str):
-            return [value]
-        return [r for v in value.values() for r in refs(v)]
-    if isinstance(value, list):
-        return [r for v in value for r in refs(v)]
-    return []
 
 
 class LocalAdapter:

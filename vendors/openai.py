@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -127,11 +126,6 @@ class OpenAIAdapter(HttpVendor):
 
     async def cancel(self, job_id: str) -> VendorJob:
         raise VendorNotFound(f"{job_id}: a synchronous call cannot be cancelled")
-
-    async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
-        if job.result is None:
-            raise VendorNotFound(f"{job.id} has no output URL")
-        await super().download(job.result.url, sink)
 
     async def charged(self, operation_key: str, job_id: str | None) -> str | None:
         return None

@@ -14,7 +14,6 @@ without the key).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from vendors.adapter import Capabilities, FailureKind, JobError, JobStatus, ResultFile, VendorJob
-from vendors.errors import VendorCannotTell, VendorNotFound
+from vendors.errors import VendorCannotTell
 from vendors.httpbase import HttpVendor
 
 MAX_PAGES = 50  # a lookup never lists more than this many pages (1,000 predictions) back
@@ -123,11 +122,6 @@ class PredictionsAdapter(HttpVendor):
 
     async def cancel(self, job_id: str) -> VendorJob:
         return self._job(await self.request("POST", f"/v1/predictions/{job_id}/cancel"))
-
-    async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
-        if job.result is None:
-            raise VendorNotFound(f"prediction {job.id} has no output (status {job.status})")
-        await super().download(job.result.url, sink)
 
     async def charged(self, operation_key: str, job_id: str | None) -> str | None:
         return None  # no billing API: the cost is the route's price of the prediction's metrics

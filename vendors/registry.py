@@ -60,7 +60,7 @@ class Adapters:
         if not base:
             raise RouteError(f"route {executor!r}: no base_url, and no LEDGERFLOW_VENDOR_URL to default to")
         key = self._credential(route.credential_env)
-        kinds = {
+        kinds: dict[AdapterKind, type[JobsAdapter] | type[PredictionsAdapter] | type[OpenAIAdapter]] = {
             AdapterKind.JOBS: JobsAdapter,
             AdapterKind.PREDICTIONS: PredictionsAdapter,
             AdapterKind.OPENAI: OpenAIAdapter,

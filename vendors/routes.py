@@ -94,12 +94,10 @@ class Price(_Strict):
     per_1k_input_tokens: Amount = Decimal(0)
     per_1k_output_tokens: Amount = Decimal(0)
 
-    def cost(
-        self, *, calls: int = 1, seconds: float = 0.0, tokens_in: int = 0, tokens_out: int = 0
-    ) -> Decimal:
+    def cost(self, *, seconds: float = 0.0, tokens_in: int = 0, tokens_out: int = 0) -> Decimal:
         """The priced cost of one call, not yet rounded (rules.money.vendor_amount rounds it up)."""
         return (
-            self.per_call * calls
+            self.per_call
             + self.per_second * Decimal(repr(float(seconds)))
             + self.per_1k_input_tokens * tokens_in / 1000
             + self.per_1k_output_tokens * tokens_out / 1000

@@ -351,9 +351,15 @@ class TaskWorkflow:
         new = await self._ledger("ledger.mark", mark)
         self._apply(p, new)
 
-    def _unadopted(self, p: Projection) -> bool:
-        ops = [n.operation_key for n in p.in_flight()] + [g.operation_key for g in p.gate_pending.values()]
-        return any(op not in self._started for op in ops)
+    def _unadopted(self, p: Projection) -> list[Dispatch | StaticGate]:
+        """Every INTENT on record without a resolution and without an executor in this run (nodes first, then
+        gates: the order their executors are started in)."""
+        actions: list[Dispatch | StaticGate] = []
+        for n in p.in_flight():
+            if n.operation_key not in self._started:
+                assert n.dispatch is not None  # an operation in flight always has its recorded Dispatch
+                actions.append(n.dispatch)
+        return actions + [g for g in p.gate_pending.values() if g.operation_key not in self._started]
 
     def _adopt_open_operations(self, p: Projection) -> None:
         """Every INTENT on record without a resolution and without an executor in this run gets one, same key.
@@ -363,15 +369,8 @@ class TaskWorkflow:
         the INTENT in the ledger, not in its history). The executor reconciles before sending anything
         (reconcile.operations), so whatever got done at the vendor is found and nothing paid for is redone.
         """
-        for n in p.in_flight():
-            assert n.operation_key is not None
-            if n.operation_key in self._started:
-                continue
-            assert n.dispatch is not None  # an operation in flight always has its recorded Dispatch
-            self._act(p, n.dispatch)
-        for gate in p.gate_pending.values():
-            if gate.operation_key not in self._started:
-                self._act(p, gate)
+        for action in self._unadopted(p):
+            self._act(p, action)
 
     # ── acting ───────────────────────────────────────────────────────────────────────────────────────
     def _act(self, p: Projection, action: Action) -> None:
@@ -437,30 +436,8 @@ class TaskWorkflow:
             if not workflow.patched(OPERATION_CLOSE):
                 reserved = arg.estimate if isinstance(arg, StageInput) else Decimal(0)
                 await self._gave_up(node, op_key, reserved, FailureKind.TECHNICAL, _error_text(e))
-            elif isinstance(arg, StageInput):
-                close = CloseInput(
-                    task_id=arg.task_id,
-                    node=node,
-                    operation_key=op_key,
-                    executor=arg.executor,
-                    estimate=arg.estimate,
-                    gave_up=_error_text(e)[:500],
-                    output=arg.output,
-                    input_hash=arg.input_hash,
-                )
-                await self._close(close)
             else:
-                gave_up = _error_text(e)[:500]
-                await self._close(
-                    CloseInput(
-                        task_id=self._task_id,
-                        node=node,
-                        operation_key=op_key,
-                        executor="gate",
-                        estimate=Decimal(0),
-                        gave_up=gave_up,
-                    )
-                )
+                await self._close(_gave_up_close(self._task_id, node, op_key, arg, _error_text(e)[:500]))
         finally:
             self._activities.pop(op_key, None)
             self._running.pop(op_key, None)
@@ -581,6 +558,25 @@ def _close_input(p: Projection, n: Any) -> CloseInput:
         estimate=n.reserved,
         output=stage.output,
         input_hash=d.input_hash,
+    )
+
+
+def _gave_up_close(task_id: str, node: str, op_key: str, arg: Any, why: str) -> CloseInput:
+    """What ``operation.close`` needs for an executor that ended without a result: its node's request and
+    bounds (a StageInput), or nothing reserved and no output (a gate)."""
+    if isinstance(arg, StageInput):
+        return CloseInput(
+            task_id=task_id,
+            node=node,
+            operation_key=op_key,
+            executor=arg.executor,
+            estimate=arg.estimate,
+            gave_up=why,
+            output=arg.output,
+            input_hash=arg.input_hash,
+        )
+    return CloseInput(
+        task_id=task_id, node=node, operation_key=op_key, executor="gate", estimate=Decimal(0), gave_up=why
     )
 
 

@@ -6,9 +6,9 @@ from decimal import Decimal
 
 from helpers import History, make_plan, stage
 
-from rules.actions import Dispatch
+from rules.actions import Dispatch, HumanDecisionType, SuspendForHuman
 from rules.dag import build_graph
-from rules.events import ArtifactRef, MarkerKind, Outcome, RollbackDone
+from rules.events import ArtifactRef, MarkerKind, Outcome, RollbackDone, SystemMarker
 from rules.inputs import input_hash, sources
 from rules.projection import FREE_VOIDS
 
@@ -99,3 +99,34 @@ def test_a_void_of_a_static_gate_lets_the_rules_issue_the_gate_again() -> None:
     h.marker(MarkerKind.VOID, node="b", op_key=gate.operation_key)
     assert not h.fold().gate_pending
     assert h.decide()[1].kind == "StaticGate"
+
+
+def test_the_free_voids_are_counted_per_rework_round() -> None:
+    h = History(make_plan(stage("a", retries=0)))
+    for _ in range(FREE_VOIDS):
+        d = _dispatch(h)
+        h.marker(MarkerKind.VOID, node="a", op_key=d.operation_key)
+    _register(h, _dispatch(h), "11" * 32)
+    h.append(RollbackDone(targets=("a",), invalidated=("a",), flagged=("a",), round=1, reason="bad"))
+    assert not h.fold().exhausted("a"), "a new round has its attempts"
+    d = _dispatch(h)
+    h.failure("a", op_key=d.operation_key)
+    assert h.fold().exhausted("a"), "round 1's voids are not free attempts of round 2"
+
+
+def test_an_approved_output_that_is_lost_and_made_again_is_approved_again() -> None:
+    h = History(make_plan(stage("a", approval=True), stage("b", "a")))
+    a1 = _dispatch(h)
+    _register(h, a1, "11" * 32)
+    rule, ask = h.act()
+    assert isinstance(ask, SuspendForHuman), (rule, ask)
+    h.human(ask.request.id, HumanDecisionType.APPROVE)
+    assert h.fold().nodes["a"].approved
+    h.append(SystemMarker(kind=MarkerKind.ARTIFACT_LOST, node="a", operation_key="lost-1", detail="11" * 32))
+    a2 = _dispatch(h)
+    assert a2.node == "a", "the lost output is made again before anything is built on it"
+    _register(h, a2, "33" * 32)
+    rule, action = h.act()
+    assert isinstance(action, SuspendForHuman) and action.request.node == "a", (
+        f"new bytes, a new approval; got {rule} {action}"
+    )

@@ -359,10 +359,12 @@ class Contract:
             ]
             assert [(m.operation_key, m.amount) for m in late] == [(self.op, Decimal(charge["amount"]))]
             assert charge["job_id"] in late[0].detail, "the late charge names the job the vendor billed"
-        else:
+        elif end == End.PAID_FAILURE:
             assert isinstance(event, Failure), f"expected a Failure, got {event!r}"
             assert event.kind == FailureKind.TECHNICAL, f"a purged output is technical, not {event.kind}"
             assert event.actual_cost == billed > 0, f"recorded {event.actual_cost}, the job cost {billed}"
+        else:
+            raise AssertionError(f"no check for {end!r}")
         return event
 
 

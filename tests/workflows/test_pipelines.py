@@ -8,11 +8,11 @@ lineage of what the review blamed; the course plan's examples really run; artifa
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from artifacts import open_store
+from artifacts.local import path_of
 from media import lineage_of, probe
 from rules.events import parse
 from rules.inputs import input_hash
@@ -28,11 +28,6 @@ def dispatches(lf: Any, task_id: str) -> list[Any]:
         for e in lf.recorder.read_events(task_id)
         if e.type == "Intent" and e.payload["action"]["kind"] == "Dispatch"
     ]
-
-
-def local_file(uri: str) -> Path:
-    with open_store(str(Path(tempfile.gettempdir()))).local_copy(uri) as path:
-        return path
 
 
 async def test_e001_shots_are_made_from_their_own_keyframe_and_compose_assembles_a_real_episode(lf, sim):
@@ -56,11 +51,11 @@ async def test_e001_shots_are_made_from_their_own_keyframe_and_compose_assembles
     swapped = {**shot.input, "inputs": {"keyframe": {**shot.input["inputs"]["keyframe"], "sha256": "0" * 64}}}
     assert hashed(swapped) != shot.input_hash, "another keyframe would be another request"
     # The file itself says what it was made from: its lineage names the keyframe's bytes.
-    made = probe(local_file(p.nodes["motion/S07"].artifact["uri"]))
+    made = probe(path_of(p.nodes["motion/S07"].artifact["uri"]))
     assert (made.codec, made.width, made.height, made.frames) == ("h264", 320, 180, 48)
     assert lineage_of(made)["inputs"] == [keyframe["sha256"]]
     # compose really assembled the episode: 19 shots of 4 s and the final audio, one playable file.
-    episode = probe(local_file(p.nodes["compose"].artifact["uri"]))
+    episode = probe(path_of(p.nodes["compose"].artifact["uri"]))
     assert episode.format == "mp4" and episode.audio
     assert episode.frames == 19 * 48 and abs(episode.duration_s - 76.0) <= 1 / 12
     assert lineage_of(episode)["shots"] == [

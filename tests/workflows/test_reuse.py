@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import functools
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
+from artifacts.local import path_of
 from rules.events import parse, vendor_spend
 from rules.keys import operation_key
 from vendors.simulator import Draw, ExecutorProfile
@@ -42,10 +41,14 @@ async def test_a_corrupted_input_is_made_again_and_never_handed_to_the_vendor(lf
     it does not hash to its record, records it lost and sends nothing; the frame is made again."""
     plan = lf.plan(TWO_STAGES.format(project="lost", reuse="task"))
     handle = await lf.start(plan)
-    while not events_of(lf, plan.task_id, "Outcome"):
-        await asyncio.sleep(0.05)
+
+    async def frame_made() -> None:
+        while not events_of(lf, plan.task_id, "Outcome"):
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(frame_made(), 30)
     [first] = events_of(lf, plan.task_id, "Outcome")
-    path = Path(unquote(urlparse(first.artifact.uri).path))
+    path = path_of(first.artifact.uri)
     path.write_bytes(b"not the frame any more")  # the store's copy is damaged behind the ledger's back
     result = await handle.result()
 

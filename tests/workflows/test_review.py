@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 from decimal import Decimal
+from typing import Any
 
 import httpx
 import pytest
@@ -278,6 +279,33 @@ async def test_a_review_retried_after_its_paid_judgement_reuses_it(lf, sim, simu
     assert verdict.verdict == "QualityRework" and verdict.flagged == ("shots/S02",)
     assert verdict.actual_cost == Decimal(str(beats[-1]["cost"])) > 0  # the one judgement paid for
     assert await chat_calls(sim) == before
+
+
+@pytest.mark.parametrize("status", [401, 429])
+async def test_a_model_call_the_api_refused_is_never_booked_as_a_possible_charge(lf, sim, status):
+    """Old: each retry after the model API refused the call (a rotated key, a rate limit) booked the refused
+    call as possibly billed: a late charge at the review's estimate for a call that cost nothing."""
+    await sim.configure(chat_error_status=status)
+    plan = lf.plan(PIPELINE.format(limit=2))
+    handle = await lf.start(plan)
+
+    def review_markers(kind: str) -> list[Any]:
+        return [
+            m
+            for m in (parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "SystemMarker")
+            if m.node == REVIEW and m.kind == kind
+        ]
+
+    async def refused_twice() -> None:
+        while len(review_markers("submitting")) < 2:
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(refused_twice(), 60)
+    await sim.configure(chat_default=PASS)  # the key is fixed / the limit lifted
+    result = await asyncio.wait_for(handle.result(), 60)
+    assert result.state == "Completed"
+    assert review_markers("late_charge") == [], "a refused call cost nothing"
+    assert len(review_markers("refused")) >= 1, "each refused call is recorded as refused"
 
 
 async def _until_dispatched(lf, task_id: str, node: str) -> None:

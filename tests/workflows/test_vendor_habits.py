@@ -20,7 +20,7 @@ import pytest
 from rules.events import parse, vendor_spend
 from rules.keys import operation_key
 from rules.money import vendor_amount
-from vendors.routes import RouteSpec, RouteTable, Timeouts, VendorMode
+from vendors.routes import AdapterKind, RouteSpec, RouteTable, Timeouts, VendorMode
 from vendors.simulator import Draw, ExecutorProfile
 
 PLAN = """
@@ -59,7 +59,9 @@ async def assert_money(lf: Any, sim: Any, task_id: str) -> None:
     charges = await sim.charges(f"{task_id}:")
     keys = [c["idempotency_key"] for c in charges]
     assert len(keys) == len(set(keys)), f"charged twice: {keys}"
-    for op in {e.operation_key for e in events if e.type == "Intent" and e.operation_key}:
+    ops = {e.operation_key for e in events if e.type == "Intent" and e.operation_key}
+    assert ops, "no operation was recorded: nothing to check"
+    for op in ops:
         billed = sum(
             (vendor_amount(c["amount"]).amount or Decimal(0) for c in charges if c["idempotency_key"] == op),
             Decimal(0),
@@ -151,6 +153,23 @@ async def test_a_job_the_vendor_forgot_is_counted_from_its_billing(lf_with, sim)
     assert failure.kind == "technical" and failure.actual_cost == Decimal(
         "1.25"
     )  # the bill, not the estimate
+    await assert_money(lf, sim, plan.task_id)
+
+
+async def test_a_prediction_the_vendor_forgot_with_no_billing_to_ask_is_counted_at_its_estimate(lf_with, sim):
+    """Old: the "charge cannot be read" path called the cost anomaly wrongly (a TypeError): a non-retryable
+    bug failure instead of the job's charge at its estimate with the anomaly that says so."""
+    name = route_name()
+    route = routes(name, adapter=AdapterKind.PREDICTIONS, mode=VendorMode.LOOKUP_ONLY)
+    async with lf_with(routes=route) as lf:
+        await sim.configure(executors={name: {"latency_seconds": 0.3, "forget_after_seconds": 0}})
+        plan = plan_for(lf, name, retries=0)
+        handle = await lf.start(plan)
+        await lf.wait_state(handle, {"WaitingHuman"})
+    [failure] = events_of(lf, plan.task_id, "Failure")
+    assert failure.kind == "technical" and "gone at the vendor" in failure.error
+    assert failure.actual_cost == Decimal("1.5")  # no billing API: the estimate, never zero
+    assert any("cannot be read from the vendor" in a.detail for a in anomalies(lf, plan.task_id))
     await assert_money(lf, sim, plan.task_id)
 
 

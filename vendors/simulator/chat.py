@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from media import keyframe_png
 from vendors.simulator.config import Draw
 from vendors.simulator.outputs import Output
-from vendors.simulator.state import SimError, SimState
+from vendors.simulator.state import SimError, SimState, refuse
 
 
 class ChatMessage(BaseModel):
@@ -56,13 +56,8 @@ def _refuse_by_draw(state: SimState, key: str | None, executor: str) -> Draw | N
     if key is None:
         return None
     with state.lock:
-        attempt = state.attempts[key]
-        state.attempts[key] += 1
-        draw = Draw.for_attempt(state.config.seed, key, attempt, state.config.profile(executor))
-    if draw.rate_limited:
-        raise SimError(429, "rate_limited", "too many requests", headers={"Retry-After": "1"})
-    if draw.server_error:
-        raise SimError(500, "server_error", "internal error; nothing was accepted")
+        _, _, draw = state.draw(key, executor)
+    refuse(draw, request_timeout=False)
     return draw
 
 
@@ -130,7 +125,7 @@ def images(state: SimState, body: dict[str, Any], request_id: str | None) -> dic
         if body.get("response_format") == "url":
             file_id = f"img_{digest}_{i}"
             with state.lock:
-                state.extra.setdefault("files", {})[file_id] = Output(png, {"format": "png"}, "image/png")
+                state.files[file_id] = Output(png, {"format": "png"}, "image/png")
             data.append({"url": f"{state.cdn_base}/files/{file_id}"})
         else:
             data.append({"b64_json": base64.b64encode(png).decode()})

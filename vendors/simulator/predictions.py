@@ -21,9 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vendors.simulator.config import Draw
 from vendors.simulator.outputs import Output
-from vendors.simulator.state import Job, JobRequest, SimError, SimState, deliverable, money
+from vendors.simulator.state import Job, JobRequest, SimError, SimState, deliverable, money, refuse
 
 PAGE = 20
 PRICE_PER_SECOND = Decimal("0.30")  # what a second of compute bills where the profile sets no flat cost
@@ -42,34 +41,20 @@ _STATUS = {"running": "processing", "succeeded": "succeeded", "failed": "failed"
 
 
 class PredictionsApi:
-    """The predictions protocol over the simulator's shared state (jobs live in ``state.extra``)."""
+    """The predictions protocol over the simulator's shared state (jobs live in ``state.predictions``)."""
 
     def __init__(self, state: SimState) -> None:
         self.state = state
-
-    def _store(self) -> dict[str, Any]:
-        return self.state.extra.setdefault(
-            "predictions", {"jobs": {}, "order": [], "count": 0, "t0": time.time()}
-        )
 
     def create(self, body: PredictionRequest) -> dict[str, Any]:
         state = self.state
         executor = body.version
         with state.lock:
-            store, cfg = self._store(), state.config
-            n = store["count"]
-            store["count"] += 1
+            cfg, n = state.config, state.predictions_asked
+            state.predictions_asked += 1
             key = body.metadata.get("operation_key") or f"anon-{n}"
-            attempt = state.attempts[f"pred:{key}"]
-            state.attempts[f"pred:{key}"] += 1
-            profile = cfg.profile(executor)
-            draw = Draw.for_attempt(cfg.seed, key, attempt, profile)
-        if draw.rate_limited:
-            raise SimError(429, "rate_limited", "too many requests", headers={"Retry-After": "1"})
-        if draw.request_timeout:
-            raise SimError(408, "request_timeout", "the request body arrived too slowly; nothing accepted")
-        if draw.server_error:
-            raise SimError(500, "server_error", "internal error; nothing was accepted")
+            attempt, profile, draw = state.draw(key, executor, counter=f"pred:{key}")
+        refuse(draw)
         if draw.late:
             time.sleep(profile.late_accept_seconds)  # created (and billed) after the client may have given up
         output, input_error = deliverable(executor, body.input, body.input_urls, draw)
@@ -86,9 +71,7 @@ class PredictionsApi:
             cost = money(bill * profile.cost_multiplier)
             job = Job(pid, key, request, cost, latency, draw, now, profile, output, input_error)
             job.extra.update(metadata=dict(body.metadata), created=time.time(), version=body.version)
-            store = self._store()
-            store["jobs"][pid] = job
-            store["order"].append(pid)
+            state.predictions[pid] = job
             state.charge(key, pid, executor, cost, "predictions")
             view = self._view(job, now)
         if draw.slow:
@@ -98,7 +81,7 @@ class PredictionsApi:
         return view
 
     def _job(self, pid: str) -> Job:
-        job = self._store()["jobs"].get(pid)
+        job = self.state.predictions.get(pid)
         if job is None:
             raise SimError(404, "not_found", f"no prediction {pid}")
         return job
@@ -145,11 +128,10 @@ class PredictionsApi:
 
     def list(self, cursor: str | None) -> dict[str, Any]:
         with self.state.lock:
-            store, now = self._store(), time.monotonic()
-            order = list(reversed(store["order"]))
+            now = time.monotonic()
+            order = list(reversed(self.state.predictions.values()))
             start = int(cursor) if cursor and cursor.isdigit() else 0
-            page = order[start : start + PAGE]
-            results = [self._view(store["jobs"][pid], now) for pid in page]
+            results = [self._view(job, now) for job in order[start : start + PAGE]]
         nxt = str(start + PAGE) if start + PAGE < len(order) else None
         return {"results": results, "next": nxt}
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import httpx
@@ -192,6 +192,16 @@ def fetch_input(url: str, sha256: str, timeout: float = 10.0) -> str | None:
     return None
 
 
+def refuse(draw: Draw, *, request_timeout: bool = True) -> None:
+    """Raise the refusal a draw holds (429, 408, 500): answered before anything is accepted or billed."""
+    if draw.rate_limited:
+        raise SimError(429, "rate_limited", "too many requests", headers={"Retry-After": "1"})
+    if request_timeout and draw.request_timeout:
+        raise SimError(408, "request_timeout", "the request body arrived too slowly; nothing accepted")
+    if draw.server_error:
+        raise SimError(500, "server_error", "internal error; nothing was accepted")
+
+
 class SimState:
     """Jobs, the billing record and counters of every protocol, behind one lock."""
 
@@ -215,7 +225,9 @@ class SimState:
             self.chat_: dict[str, int] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
             self.leaks: list[dict[str, str]] = []  # requests that reached the CDN carrying a credential
             self.conflicts = 0  # 409s answered to a key whose first request was still in flight
-            self.extra: dict[str, Any] = {}  # other protocols' state (predictions, images)
+            self.predictions: dict[str, Job] = {}  # the predictions protocol's jobs, in creation order
+            self.predictions_asked = 0  # every POST /v1/predictions, refused or not (names anonymous ones)
+            self.files: dict[str, Output] = {}  # images served by URL from the CDN
 
     # ── authentication ────────────────────────────────────────────────────────────────────────────────
     def authenticate(self, authorization: str | None) -> None:
@@ -291,22 +303,25 @@ class SimState:
             raise SimError(409, "idempotency_conflict", "Idempotency-Key already used with another body")
         return 200, self.view(job, now)
 
+    def draw(
+        self, key: str, executor: str, *, counter: str | None = None
+    ) -> tuple[int, ExecutorProfile, Draw]:
+        """The next attempt at ``key``, its executor's profile and its fate (the caller holds the lock).
+
+        ``counter``: where the attempts are counted, if not under the key itself (each protocol its own).
+        """
+        slot = counter or key
+        attempt = self.attempts[slot]
+        self.attempts[slot] += 1
+        profile = self.config.profile(executor)
+        return attempt, profile, Draw.for_attempt(self.config.seed, key, attempt, profile)
+
     def submit(self, key: str, req: JobRequest) -> tuple[int, dict[str, Any]]:
         """Accept (201), replay (200) or refuse one POST /jobs; returns the status code and the job."""
         with self.lock:
             cfg, now = self.config, time.monotonic()
-            attempt = self.attempts[key]
-            self.attempts[key] += 1
-            profile = cfg.profile(req.executor)
-            draw = Draw.for_attempt(cfg.seed, key, attempt, profile)
-            if draw.rate_limited:
-                raise SimError(429, "rate_limited", "too many requests", headers={"Retry-After": "1"})
-            if draw.request_timeout:
-                raise SimError(
-                    408, "request_timeout", "the request body arrived too slowly; nothing accepted"
-                )
-            if draw.server_error:
-                raise SimError(500, "server_error", "internal error; nothing was accepted")
+            attempt, profile, draw = self.draw(key, req.executor)
+            refuse(draw)
             if cfg.mode == "idempotent" and key in self.inflight:
                 self.conflicts += 1
                 raise SimError(
@@ -406,7 +421,7 @@ class SimState:
         with self.lock:
             if authorization:
                 self.leaks.append({"file": file_id, "authorization": authorization[:12] + "…"})
-            stored = self.extra.get("files", {}).get(file_id)
+            stored = self.files.get(file_id)
         return stored if stored is not None else self.result(file_id)
 
     def record_chat(self, prompt_tokens: int, completion_tokens: int) -> None:
@@ -418,6 +433,3 @@ class SimState:
     def chat_stats(self) -> dict[str, int]:
         with self.lock:
             return dict(self.chat_)
-
-
-Protocol = Literal["jobs", "predictions", "chat", "images"]
