@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gzip
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -165,18 +166,21 @@ class Ledgerflow:
     task_queue: str
     settings: Settings
     recorder: Recorder
+    started: list[WorkflowHandle[Any, TaskResult]] = field(default_factory=list)
 
     def plan(self, text: str, task_id: str | None = None) -> Plan:
         return load_plan(text, self.settings.route_table().names(), task_id=task_id or new_task_id())
 
     async def start(self, plan: Plan) -> WorkflowHandle[Any, TaskResult]:
         assert plan.task_id is not None
-        return await self.client.start_workflow(
+        handle = await self.client.start_workflow(
             TaskWorkflow.run,
             TaskInput(task_id=plan.task_id, plan=plan),
             id=workflow_id(plan.task_id),
             task_queue=self.task_queue,
         )
+        self.started.append(handle)
+        return handle
 
     async def run(self, plan: Plan) -> TaskResult:
         return await (await self.start(plan)).result()
@@ -242,7 +246,23 @@ async def running_ledgerflow(
     async with AsyncExitStack() as stack:
         worker = await build_worker(temporal, settings, stack, task_queue=queue)
         async with worker:
-            yield Ledgerflow(temporal, queue, settings, recorder)
+            ledgerflow = Ledgerflow(temporal, queue, settings, recorder)
+            yield ledgerflow
+            await save_histories(ledgerflow.started)
+
+
+async def save_histories(handles: list[WorkflowHandle[Any, TaskResult]]) -> None:
+    """With ``LEDGERFLOW_RECORD_HISTORIES=DIR``, keep each finished task's Temporal history as
+    ``DIR/<test>[-n].json.gz``: how the replay corpus (tests/histories) is recorded."""
+    out = os.environ.get("LEDGERFLOW_RECORD_HISTORIES")
+    if not out:
+        return
+    test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
+    for i, handle in enumerate(handles):
+        history = await handle.fetch_history()
+        name = test if len(handles) == 1 else f"{test}-{i + 1}"
+        with gzip.open(Path(out) / f"{name}.json.gz", "wt") as f:
+            f.write(history.to_json())
 
 
 @pytest.fixture
