@@ -24,6 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
+	$(BIN)/python -m bench.decide
 	$(BIN)/python -m bench.compare
 
 # The crash drill with every unkind vendor habit on, once per vendor mode (long: not part of `make test`).

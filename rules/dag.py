@@ -26,36 +26,39 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class Graph:
-    """The expanded DAG of a plan (business stages + compose + review)."""
+    """The expanded DAG of a plan (business stages + compose + review).
+
+    Dependencies are kept per stage, not per node pair: every node of a stage depends on every node of every
+    stage its stage depends on, so two chained 500-wide fan-outs are 500 shared ``deps`` tuples and one
+    stage edge, never 250,000 node edges. The node-level questions are answered from the stage edges.
+    """
 
     nodes: dict[str, NodeSpec]
-    dependents: dict[str, tuple[str, ...]]
     stage_nodes: dict[str, tuple[str, ...]]
+    stage_deps: dict[str, tuple[str, ...]]  # stage -> the stages it depends on
+    stage_dependents: dict[str, tuple[str, ...]]  # stage -> the stages that depend on it
     _desc_cache: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
+
+    def stage_of(self, node: str) -> str:
+        return self.nodes[node].stage.id
+
+    def dependents(self, node: str) -> tuple[str, ...]:
+        """The nodes that depend on ``node`` directly (in node order)."""
+        return tuple(n for s in self.stage_dependents[self.stage_of(node)] for n in self.stage_nodes[s])
 
     def descendants(self, node: str) -> frozenset[str]:
         """Every node that transitively depends on ``node`` (not including it)."""
-        if node not in self._desc_cache:
-            out: set[str] = set()
-            todo = list(self.dependents[node])
-            while todo:
-                n = todo.pop()
-                if n not in out:
-                    out.add(n)
-                    todo.extend(self.dependents[n])
-            self._desc_cache[node] = frozenset(out)
-        return self._desc_cache[node]
+        stage = self.stage_of(node)
+        if stage not in self._desc_cache:
+            self._desc_cache[stage] = frozenset(
+                n for s in _closure(stage, self.stage_dependents) for n in self.stage_nodes[s]
+            )
+        return self._desc_cache[stage]
 
     def ancestors(self, node: str) -> frozenset[str]:
         """Every node ``node`` transitively depends on (not including it)."""
-        out: set[str] = set()
-        todo = list(self.nodes[node].deps)
-        while todo:
-            n = todo.pop()
-            if n not in out:
-                out.add(n)
-                todo.extend(self.nodes[n].deps)
-        return frozenset(out)
+        stages = _closure(self.stage_of(node), self.stage_deps)
+        return frozenset(n for s in stages for n in self.stage_nodes[s])
 
     def rollback_target(self, flagged: Iterable[str]) -> tuple[tuple[str, ...], frozenset[str]]:
         """Where a merged rework round restarts, and every node that round invalidates.
@@ -92,18 +95,33 @@ def build_graph(plan: Plan) -> Graph:
     ordered = sorted(stages, key=lambda s: level[s.id])
     nodes: dict[str, NodeSpec] = {}
     for s in ordered:
-        deps = tuple(n for d in s.depends_on for n in stage_nodes[d])
+        deps = tuple(n for d in s.depends_on for n in stage_nodes[d])  # one tuple for all the stage's nodes
         items: tuple[str | None, ...] = s.items() or (None,)
         for item in items:
             nid = node_id(s.id, item)
             nodes[nid] = NodeSpec(id=nid, stage=s, item=item, deps=deps, order=len(nodes))
-    dependents: dict[str, list[str]] = {n: [] for n in nodes}
-    for spec in nodes.values():
-        for d in spec.deps:
-            dependents[d].append(spec.id)
+    dependents: dict[str, list[str]] = {s.id: [] for s in ordered}
+    for s in ordered:
+        for d in s.depends_on:
+            dependents[d].append(s.id)
     return Graph(
-        nodes=nodes, dependents={k: tuple(v) for k, v in dependents.items()}, stage_nodes=stage_nodes
+        nodes=nodes,
+        stage_nodes=stage_nodes,
+        stage_deps={s.id: tuple(s.depends_on) for s in ordered},
+        stage_dependents={k: tuple(v) for k, v in dependents.items()},
     )
+
+
+def _closure(stage: str, edges: dict[str, tuple[str, ...]]) -> set[str]:
+    """Every stage reachable from ``stage`` along ``edges`` (not including it)."""
+    out: set[str] = set()
+    todo = list(edges[stage])
+    while todo:
+        s = todo.pop()
+        if s not in out:
+            out.add(s)
+            todo.extend(edges[s])
+    return out
 
 
 def _depth(stage_id: str, by_id: dict[str, Stage], memo: dict[str, int]) -> int:

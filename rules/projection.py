@@ -98,6 +98,9 @@ class OutputView:
         return self.input_hash is not None and not self.flagged and not self.lost
 
 
+_NOT_INDEXED: tuple[bool, ...] = (False,) * 6
+
+
 @dataclass(slots=True)
 class NodeView:
     """What the ledger says about one node."""
@@ -127,6 +130,16 @@ class NodeView:
     rework_round: int = 0
     dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
+    # Fixed by the plan: where the node sits, and whether its stage asks a person to approve each output.
+    stage: str = ""
+    order: int = 0
+    needs_approval: bool = False
+    indexed: tuple[bool, ...] = _NOT_INDEXED  # the index memberships ``_reindex`` last gave this node
+
+    @property
+    def done(self) -> bool:
+        """Succeeded, and approved where its stage asks: its dependents may start on its output."""
+        return self.status == NodeStatus.SUCCEEDED and (self.approved or not self.needs_approval)
 
     @property
     def reused(self) -> bool:
@@ -193,6 +206,15 @@ class Projection:
     # Static gates are a stage's (one per stage and input version): the verdicts, and the gate in progress.
     gates: dict[tuple[str, int], bool] = field(default_factory=dict)  # (stage, input version) -> passed
     gate_pending: dict[str, StaticGate] = field(default_factory=dict)  # stage -> its recorded gate action
+    # Indexes over the nodes, kept by ``apply`` for the nodes each event touches (``_reindex``), so that a
+    # decision costs what changed, not the size of the plan. ``index_problems`` recomputes them from the
+    # nodes; the rule tests check every fold with it.
+    unfinished: dict[str, int] = field(default_factory=dict)  # stage -> its nodes not ``done``
+    idle: dict[str, set[str]] = field(default_factory=dict)  # stage -> pending or stale, nothing in flight
+    running: dict[str, set[str]] = field(default_factory=dict)  # stage -> its nodes in flight
+    failed: set[str] = field(default_factory=set)
+    unapproved: set[str] = field(default_factory=set)  # succeeded, its stage asks for approval, not approved
+    stale: set[str] = field(default_factory=set)
 
     @property
     def state(self) -> TaskState:
@@ -205,7 +227,7 @@ class Projection:
             return TaskState.ESCALATED
         if open_kinds:
             return TaskState.WAITING_HUMAN
-        if any(n.status == NodeStatus.STALE for n in self.nodes.values()):
+        if self.stale:
             return TaskState.REPAIRING
         if self.intents:
             return TaskState.RUNNING
@@ -216,7 +238,11 @@ class Projection:
         return self.completed or self.terminal_reason is not None
 
     def in_flight(self) -> list[NodeView]:
-        return [n for n in self.nodes.values() if n.in_flight]
+        """The nodes with an operation in flight, in node order."""
+        return self.in_order(n for ids in self.running.values() for n in ids)
+
+    def in_order(self, ids: Iterable[str]) -> list[NodeView]:
+        return sorted((self.nodes[n] for n in ids), key=_by_order)
 
     def max_attempts(self, node: str) -> int:
         """Attempts a node may make in the current rework round."""
@@ -245,10 +271,22 @@ def new_projection(created: StoredEvent) -> Projection:
         graph=graph,
         created_at=created.recorded_at,
         ceiling=event.plan.budget_ceiling,
-        nodes={n: NodeView(id=n) for n in graph.nodes},
     )
+    for sid, ids in graph.stage_nodes.items():
+        approval = graph.nodes[ids[0]].stage.approval
+        p.unfinished[sid], p.idle[sid], p.running[sid] = len(ids), set(ids), set()
+        for n in ids:
+            p.nodes[n] = NodeView(id=n, stage=sid, order=graph.nodes[n].order, needs_approval=approval)
+            p.nodes[n].indexed = _IDLE
+    p.nodes = {n: p.nodes[n] for n in graph.nodes}  # node order (topological), which the rules iterate in
+    p.idle = {sid: p.idle[sid] for sid in _stage_order(graph)}
     p.watermark = created.seq
     return p
+
+
+def _stage_order(graph: Graph) -> list[str]:
+    """The stages in the order their nodes come in ``graph.nodes`` (topological)."""
+    return list(dict.fromkeys(spec.stage.id for spec in graph.nodes.values()))
 
 
 def fold(events: Iterable[StoredEvent]) -> Projection:
@@ -266,6 +304,12 @@ def apply(p: Projection, stored: StoredEvent) -> None:
         return
     p.watermark = stored.seq
     event = parse(stored)
+    _apply(p, event, stored)
+    for node in _touched(p, event):
+        _reindex(p, p.nodes[node])
+
+
+def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
     match event:
         case TaskCreated():
             pass
@@ -521,6 +565,88 @@ def _spend(p: Projection, node: NodeView | None, amount: Decimal, *, inference: 
         node.spent += amount
     if inference:
         p.inference_spent += amount
+
+
+# ── the node indexes ───────────────────────────────────────────────────────────────────────────────────
+_IDLE = (False, True, False, False, False, False)
+
+
+def _flags(n: NodeView) -> tuple[bool, ...]:
+    """(done, idle, running, failed, unapproved, stale): which index sets the node belongs in."""
+    status = n.status
+    succeeded = status == NodeStatus.SUCCEEDED
+    return (
+        succeeded and (n.approved or not n.needs_approval),
+        status in (NodeStatus.PENDING, NodeStatus.STALE) and not n.in_flight,
+        n.in_flight,
+        status == NodeStatus.FAILED,
+        succeeded and n.needs_approval and not n.approved,
+        status == NodeStatus.STALE,
+    )
+
+
+def _touched(p: Projection, event: Any) -> set[str]:
+    """The nodes an event may have changed (what ``_reindex`` must look at again)."""
+    match event:
+        case Intent():
+            node = getattr(event.action, "node", None)
+            nodes = {node} if node else set()
+        case RollbackDone():
+            nodes = set(event.invalidated)
+        case HumanDecision() | SystemMarker():
+            node = getattr(event, "node", None)
+            nodes = {node} if node else set()
+            request = p.requests.get(event.request_id) if event.request_id else None
+            if request is not None and request.request.node:
+                nodes.add(request.request.node)
+        case _:
+            node = getattr(event, "node", None)
+            nodes = {node} if node else set()
+    return {n for n in nodes if n in p.nodes}
+
+
+def _reindex(p: Projection, n: NodeView) -> None:
+    flags = _flags(n)
+    old = n.indexed
+    if flags == old:
+        return
+    n.indexed = flags
+    if flags[0] != old[0]:
+        p.unfinished[n.stage] += -1 if flags[0] else 1
+    for member, was, group in (
+        (flags[1], old[1], p.idle[n.stage]),
+        (flags[2], old[2], p.running[n.stage]),
+        (flags[3], old[3], p.failed),
+        (flags[4], old[4], p.unapproved),
+        (flags[5], old[5], p.stale),
+    ):
+        if member and not was:
+            group.add(n.id)
+        elif was and not member:
+            group.discard(n.id)
+
+
+def index_problems(p: Projection) -> list[str]:
+    """Where the incremental indexes disagree with a recount from the nodes (empty when they agree)."""
+    problems = []
+    for n in p.nodes.values():
+        if n.indexed != _flags(n):
+            problems.append(f"{n.id}: indexed {n.indexed}, is {_flags(n)}")
+    for sid, ids in p.graph.stage_nodes.items():
+        unfinished = sum(1 for n in ids if not _flags(p.nodes[n])[0])
+        if p.unfinished[sid] != unfinished:
+            problems.append(f"stage {sid}: {p.unfinished[sid]} unfinished indexed, {unfinished} counted")
+        for name, i, group in (("idle", 1, p.idle[sid]), ("running", 2, p.running[sid])):
+            if group != {n for n in ids if _flags(p.nodes[n])[i]}:
+                problems.append(f"stage {sid}: {name} set is {sorted(group)}")
+    for name, i, group in (("failed", 3, p.failed), ("unapproved", 4, p.unapproved), ("stale", 5, p.stale)):
+        if group != {n.id for n in p.nodes.values() if _flags(n)[i]}:
+            problems.append(f"{name} set is {sorted(group)}")
+    return problems
+
+
+def _by_order(n: NodeView) -> int:
+    return n.order
 
 
 def backoff(attempt: int) -> timedelta:

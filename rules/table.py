@@ -8,7 +8,7 @@ lets an audit recompute every decision from the ledger.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -92,7 +92,7 @@ def _complete_when(p: Projection, now: datetime) -> bool:
         p.review is not None
         and p.review.verdict in (Verdict.PASS, Verdict.SOFT_WARNING)
         and p.nodes[REVIEW].status == NodeStatus.SUCCEEDED
-        and not any(n.status == NodeStatus.STALE for n in p.nodes.values())
+        and not p.stale
     )
 
 
@@ -160,11 +160,10 @@ def _budget_then(p: Projection, now: datetime) -> Action:
 # R8 ───────────────────────────────────────────────────────────────────────────────────────────────
 def _retryable(p: Projection, now: datetime) -> list[NodeView]:
     out = []
-    for n in p.nodes.values():
+    for n in p.in_order(p.failed):
         last = n.last_failure
         if (
-            n.status == NodeStatus.FAILED
-            and last is not None
+            last is not None
             and last.kind in _RETRYABLE
             and not p.exhausted(n.id)
             and n.retry_at is not None
@@ -189,9 +188,8 @@ def _retry_then(p: Projection, now: datetime) -> Action:
 
 # R9 ───────────────────────────────────────────────────────────────────────────────────────────────
 def _needs_person(p: Projection, now: datetime) -> tuple[NodeView, RequestKind, str] | None:
-    for n in p.nodes.values():
-        spec = p.graph.nodes[n.id]
-        if n.status == NodeStatus.SUCCEEDED and spec.stage.approval and not n.approved:
+    for n in p.in_order(p.failed | p.unapproved):
+        if n.id in p.unapproved:
             rid = f"approval:{n.id}:v{n.versions}"
             if rid not in p.requests:
                 return (
@@ -269,56 +267,52 @@ def _rework_then(p: Projection, now: datetime) -> Action:
 
 
 # R11 ──────────────────────────────────────────────────────────────────────────────────────────────
+# Operations in flight per task at most: below Temporal's limit on pending activities per workflow (2,000).
+MAX_IN_FLIGHT: Final = 1000
+
+
 def ready_nodes(p: Projection) -> list[NodeView]:
-    """Nodes whose dependencies succeeded (and were approved), canary and concurrency permitting.
+    """Nodes whose dependencies succeeded (and were approved), canary and concurrency permitting, in node
+    order.
 
     Above the plan's soft limit the per-stage concurrency drops to one: money is running out, so a fan-out
-    proceeds one node at a time and a person can still stop it before the hard limit.
+    proceeds one node at a time and a person can still stop it before the hard limit. Read from the
+    projection's indexes: the cost is the number of stages plus the ready stages' idle nodes, not the plan.
     """
+    return list(_ready(p))
+
+
+def first_ready(p: Projection) -> NodeView | None:
+    return next(_ready(p), None)
+
+
+def _ready(p: Projection) -> Iterator[NodeView]:
+    running = sum(len(ids) for ids in p.running.values())
+    if running >= MAX_IN_FLIGHT:
+        return
     soft = p.ceiling * Decimal(str(p.plan.soft_limit))
     width = 1 if p.spent + p.reserved >= soft else p.plan.concurrency
-    in_flight_by_stage: dict[str, int] = {}
-    for n in p.nodes.values():
-        if n.in_flight:
-            sid = p.graph.nodes[n.id].stage.id
-            in_flight_by_stage[sid] = in_flight_by_stage.get(sid, 0) + 1
-    really_ran: dict[str, bool] = {}  # per canaried stage: has any node of it succeeded without reuse?
-    out = []
-    for n in p.nodes.values():
-        if (
-            n.status not in (NodeStatus.PENDING, NodeStatus.STALE)
-            or n.in_flight
-            or p.graph.nodes[n.id].stage.id in p.gate_pending
-        ):
+    for sid, idle in p.idle.items():  # stages in node order
+        if not idle or sid in p.gate_pending or any(p.unfinished[d] for d in p.graph.stage_deps[sid]):
             continue
-        spec = p.graph.nodes[n.id]
-        if not all(_dep_done(p, d) for d in spec.deps):
-            continue
-        stage_nodes = p.graph.stage_nodes[spec.stage.id]
+        stage_nodes = p.graph.stage_nodes[sid]
+        stage = p.graph.nodes[stage_nodes[0]].stage
         stage_width = width
-        if spec.stage.canary and len(stage_nodes) > 1 and n.id != stage_nodes[0]:
+        candidates: Iterable[str] = idle
+        if stage.canary and len(stage_nodes) > 1:
             canary = p.nodes[stage_nodes[0]]
             if canary.status != NodeStatus.SUCCEEDED:
-                continue
-            if spec.stage.id not in really_ran:
-                really_ran[spec.stage.id] = any(
-                    p.nodes[s].status == NodeStatus.SUCCEEDED and not p.nodes[s].reused for s in stage_nodes
-                )
-            if canary.reused and not really_ran[spec.stage.id]:
+                # Only the canary may run until it succeeded (the others wait on it).
+                candidates = (stage_nodes[0],) if stage_nodes[0] in idle else ()
+            elif canary.reused and not any(
+                p.nodes[s].status == NodeStatus.SUCCEEDED and not p.nodes[s].reused for s in stage_nodes
+            ):
                 # A reused canary proved nothing about the route this time: until one node really ran,
                 # the fan-out goes one at a time (each acting as the canary).
                 stage_width = 1
-        if in_flight_by_stage.get(spec.stage.id, 0) >= stage_width:
+        if len(p.running[sid]) >= stage_width:
             continue
-        out.append(n)
-    return out
-
-
-def _dep_done(p: Projection, dep: str) -> bool:
-    view = p.nodes[dep]
-    if view.status != NodeStatus.SUCCEEDED:
-        return False
-    return view.approved or not p.graph.nodes[dep].stage.approval
+        yield from p.in_order(candidates)
 
 
 def _input_version(p: Projection, node: str) -> int:
@@ -332,11 +326,13 @@ def _needs_gate(p: Projection, n: NodeView) -> bool:
 
 
 def _advance_when(p: Projection, now: datetime) -> bool:
-    return bool(ready_nodes(p))
+    return first_ready(p) is not None
 
 
 def _advance_then(p: Projection, now: datetime) -> Action:
-    return advance(p, ready_nodes(p)[0], now)
+    n = first_ready(p)
+    assert n is not None
+    return advance(p, n, now)
 
 
 def advance(p: Projection, n: NodeView, now: datetime) -> Action:
@@ -458,12 +454,9 @@ def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
         if rule.when(p, now):
             return rule.id, rule.then(p, now)
     pending = (
-        p.in_flight()
+        any(p.running.values())
         or bool(p.gate_pending)
-        or any(
-            n.status == NodeStatus.FAILED and n.retry_at is not None and n.retry_at > now
-            for n in p.nodes.values()
-        )
+        or any((at := p.nodes[n].retry_at) is not None and at > now for n in p.failed)
         or any(r.open for r in p.requests.values())
     )
     if pending:
@@ -475,6 +468,6 @@ def next_deadline(p: Projection, now: datetime) -> datetime | None:
     """The earliest future instant at which a rule could start matching without a new event."""
     candidates = [_deadline(p)]
     candidates += [r.request.deadline for r in p.requests.values() if r.open and r.request.deadline]
-    candidates += [n.retry_at for n in p.nodes.values() if n.status == NodeStatus.FAILED and n.retry_at]
+    candidates += [r for n in p.failed if (r := p.nodes[n].retry_at) is not None]
     future = [c for c in candidates if c > now]
     return min(future) if future else None

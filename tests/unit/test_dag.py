@@ -42,14 +42,14 @@ def test_a_node_depends_on_every_node_of_every_stage_its_stage_depends_on() -> N
     )
     expected = ("a/S01", "a/S02", "b/S01", "b/S02")
     assert all(graph.nodes[n].deps == expected for n in graph.stage_nodes["c"])
-    assert graph.dependents["a/S01"] == graph.stage_nodes["c"]
+    assert graph.dependents("a/S01") == graph.stage_nodes["c"]
 
 
 def test_compose_depends_on_the_sinks_and_review_on_compose() -> None:
     graph = build_graph(make_plan(stage("a"), stage("b", "a", fan_out=2), stage("c", "a")))
     assert graph.nodes[COMPOSE].deps == ("b/S01", "b/S02", "c")
     assert graph.nodes[REVIEW].deps == (COMPOSE,)
-    assert graph.dependents[REVIEW] == ()
+    assert graph.dependents(REVIEW) == ()
 
 
 def test_order_is_topological_even_when_a_stage_is_listed_before_its_dependencies() -> None:

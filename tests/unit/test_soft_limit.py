@@ -1,11 +1,11 @@
-"""The soft limit: above it, a fan-out widens no further (one node in flight per stage)."""
+"""How wide a task runs: the soft limit (one node in flight per stage above it) and the per-task cap."""
 
 from __future__ import annotations
 
 from helpers import History, make_plan, stage
 
 from rules.actions import Dispatch
-from rules.table import ready_nodes
+from rules.table import MAX_IN_FLIGHT, decide, ready_nodes
 
 
 def test_below_the_soft_limit_a_fan_out_widens_to_the_plans_concurrency() -> None:
@@ -31,3 +31,18 @@ def test_above_the_soft_limit_a_fan_out_proceeds_one_node_at_a_time() -> None:
     assert len(dispatched) == 3
     h.outcome(dispatched[0])
     assert [n.id for n in ready_nodes(h.fold())] == []  # still above the soft limit with two in flight
+
+
+def test_in_flight_work_is_capped_per_task_below_temporals_pending_activity_limit() -> None:
+    # Three independent 400-wide fan-outs, each allowed 400 in flight: 1,200 would be pending at once.
+    plan = make_plan(
+        *(stage(s, fan_out=400, canary=False, estimate="0.01") for s in ("a", "b", "c")),
+        concurrency=400,
+        budget_ceiling="1000",
+    )
+    h = History(plan)
+    while isinstance((decided := decide(h.view, h.now)) and decided[1], Dispatch):
+        assert decided is not None
+        h.record(*decided)
+    assert len(h.view.in_flight()) == MAX_IN_FLIGHT == 1000
+    assert ready_nodes(h.fold()) == []
