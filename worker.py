@@ -11,6 +11,7 @@ import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from decimal import Decimal
 
 import httpx
@@ -94,7 +95,8 @@ async def build_worker(
             PeopleActivities(recorder, settings).record,
         ],
         activity_executor=executor,
-        max_concurrent_activities=64,
+        max_concurrent_activities=settings.max_concurrent_activities,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
     )
 
 

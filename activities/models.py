@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rules.envelope import NewEvent
 from rules.plan import OutputSpec
 
 
@@ -29,6 +30,9 @@ class StageInput(BaseModel):
     reuse: dict[str, Any] | None = None
     # The plan opted in to reuse across its project: the executor may look for an earlier task's output.
     reuse_project: str | None = None
+    # The dispatch's INTENT, for the executor to write as its first step (activities.operation.recorded); None
+    # when the workflow wrote it (histories recorded before executors did).
+    intent: NewEvent | None = None
 
 
 class CloseInput(BaseModel):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -27,7 +27,7 @@ from temporalio import activity
 
 from activities.llm import ChatClient, ChatReply, LlmRefused, cached_reply, reply_details
 from activities.models import GateInput, StageInput
-from activities.operation import Heartbeat, Operation
+from activities.operation import Heartbeat, Operation, recorded
 from activities.stages import probed
 from artifacts.store import ArtifactError, ArtifactStore, sha256_of
 from ledger.recorder import Recorder
@@ -144,10 +144,22 @@ class ReviewActivities:
         return fold(await asyncio.to_thread(self.recorder.read_events, task_id))
 
     @activity.defn(name="compose.run")
-    async def compose(self, inp: StageInput) -> StoredEvent:
+    async def compose(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Assemble the business outputs: the episode itself where the plan says how, else a manifest."""
         op = self._operation(inp, inp.estimate)
-        return await op.run(lambda state, beat: self._compose(op, inp))
+        return await self._recorded(inp, lambda: op.run(lambda state, beat: self._compose(op, inp)))
+
+    async def _recorded(
+        self, inp: StageInput, body: Callable[[], Awaitable[StoredEvent]]
+    ) -> StoredEvent | list[StoredEvent]:
+        return await recorded(
+            self.recorder,
+            task_id=inp.task_id,
+            epoch=inp.epoch,
+            intent=inp.intent,
+            reserve=inp.estimate,
+            body=body,
+        )
 
     async def _compose(self, op: Operation, inp: StageInput) -> StoredEvent:
         p = await self._projection(inp.task_id)
@@ -197,11 +209,13 @@ class ReviewActivities:
         return await op.resolve(event, spend=Decimal(0))
 
     @activity.defn(name="review.run")
-    async def review(self, inp: StageInput) -> StoredEvent:
+    async def review(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
         op = self._operation(inp, inp.estimate)
         # A retry after the verdict was recorded returns it: the judgement is never paid for twice.
-        return await op.run(lambda state, beat: self._review(op, state, inp, beat))
+        return await self._recorded(
+            inp, lambda: op.run(lambda state, beat: self._review(op, state, inp, beat))
+        )
 
     async def _review(
         self, op: Operation, state: OperationState, inp: StageInput, beat: Heartbeat

@@ -30,7 +30,7 @@ from temporalio import activity
 
 from activities.boundary import NotYetProvable, RoutePaused, cross
 from activities.models import CloseInput, StageInput, SweepInput
-from activities.operation import Heartbeat, Operation, heartbeating
+from activities.operation import Heartbeat, Operation, heartbeating, recorded
 from artifacts.store import ArtifactCorrupt, ArtifactMissing, ArtifactStore, read_chunks, sha256_of
 from ledger.errors import AlreadyResolved, StaleEpoch
 from ledger.recorder import Recorder
@@ -121,8 +121,19 @@ class StageActivities:
         )
 
     @activity.defn(name="stage.run")
-    async def run(self, inp: StageInput) -> StoredEvent:
-        """Run (or resume) the attempt; returns its recorded resolution, the ledger's copy, for the loop."""
+    async def run(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
+        """Write the dispatch's INTENT (where the workflow left it to the executor), then run (or resume) the
+        attempt; returns the operation's rows (or, for an INTENT the workflow wrote, its resolution)."""
+        return await recorded(
+            self.recorder,
+            task_id=inp.task_id,
+            epoch=inp.epoch,
+            intent=inp.intent,
+            reserve=inp.estimate,
+            body=lambda: self._run(inp),
+        )
+
+    async def _run(self, inp: StageInput) -> StoredEvent:
         op = self._operation(inp, inp.executor)
         attempt = _Attempt()
         try:

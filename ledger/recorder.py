@@ -398,13 +398,21 @@ class Recorder:
     # --- writes ------------------------------------------------------------------------------------------
 
     def append_fenced(
-        self, task_id: str, epoch: int, events: Sequence[NewEvent], *, reserve: Decimal = Decimal(0)
+        self,
+        task_id: str,
+        epoch: int,
+        events: Sequence[NewEvent],
+        *,
+        reserve: Decimal = Decimal(0),
+        unless: str | None = None,
     ) -> list[StoredEvent]:
         """Append ``events`` atomically with consecutive seqs, if ``epoch`` is still the task's current one.
 
         An empty ``events`` still checks the fence. With ``reserve > 0`` the same transaction also reserves
         that amount on every budget scope of the task, if it fits all of them (``ceiling IS NULL OR
-        spent + reserved + reserve <= ceiling``); otherwise nothing at all is written.
+        spent + reserved + reserve <= ceiling``); otherwise nothing at all is written. With ``unless`` the
+        write happens only while no event holds that dedup key, checked under the lease row's lock that every
+        write of the task takes (an executor's INTENT is never written after its task began closing).
 
         Raises:
             TaskNotFound: The task has no lease.
@@ -413,6 +421,7 @@ class Recorder:
                 nothing was written.
             BudgetRefused: ``reserve`` does not fit a scope (the first short one, in lock order); nothing was
                 written.
+            AlreadyResolved: an event holds the ``unless`` key; nothing was written.
             InvalidAmount: ``reserve`` is not a valid amount; nothing was written.
             LedgerError: ``reserve > 0`` but the task has no budget accounts (``open_budget`` was not called).
             LedgerUnavailable: The database could not be reached; the write may or may not have committed.
@@ -435,6 +444,8 @@ class Recorder:
                         if actual is None:
                             raise TaskNotFound(task_id)
                         raise StaleEpoch(task_id, epoch, actual)
+                    if unless is not None and conn.execute(_BY_DEDUP_KEY, {"b_dedup_key": unless}).first():
+                        raise AlreadyResolved(unless)  # the transaction rolls back: nothing is written
                     first = fence[0] - count
                     rows = (
                         conn.execute(

@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     # Price of inference tokens, in currency units per 1k tokens (LLM decision and review calls).
     llm_price_per_1k_tokens: str = "0.002"
     poll_interval_seconds: float = 0.05
+    # Activities one worker runs at once (executors, ledger writes, closes).
+    max_concurrent_activities: int = Field(default=64, ge=1, le=1000)
+    # How long a workflow task waits for the worker that ran the workflow last (its cache) before any worker
+    # may take it. After that worker dies, its workflows' next step waits this long (Temporal's default 10 s).
+    sticky_schedule_to_start_seconds: float = Field(default=2.0, gt=0, le=60)
     # What the vendor can do after a crash: idempotent (same key → same job), lookup_only, or none. Applies to
     # the built-in route table only; a route file sets each route's mode.
     vendor_mode: VendorMode = VendorMode.IDEMPOTENT

@@ -44,6 +44,11 @@ class MarkerKind(StrEnum):
     LEASE = "lease"
     COST_ANOMALY = "cost_anomaly"
     REJECTED_INPUT = "rejected_input"  # e.g. a human decision that failed validation
+    # A dispatch's INTENT that was never written (the ledger refused it: a budget scope above the task was
+    # short, or the task had begun closing): ``detail`` holds the INTENT as decided, so the decisions made
+    # while it was pending can still be recomputed.
+    INTENT_REFUSED = "intent_refused"
+    CLOSING = "closing"  # the task ended: no executor may write a dispatch's INTENT after this
 
 
 class Verdict(StrEnum):
@@ -100,6 +105,10 @@ class Intent(_Event):
     watermark: int  # the decision was made on fold(events with seq <= watermark) …
     decided_at: datetime  # … at this workflow time: together they let an audit recompute it
     reservation: Decimal = Decimal(0)
+    # … plus these INTENTs (dedup keys, in the order decided), decided before this one but not yet in the
+    # fold at ``watermark``: a dispatch's INTENT is written by its executor (workflows/task.py), so a fan-out
+    # decides node i on fold(<= watermark) and the i-1 dispatches before it (rules.recompute).
+    pending: tuple[str, ...] = ()
 
 
 class Decision(_Event):

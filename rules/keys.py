@@ -73,6 +73,16 @@ def intent_key(task_id: str, watermark: int, n: int) -> str:
     return f"{task_id}:intent:{watermark}:{n}"
 
 
+def closing_key(task_id: str) -> str:
+    """The marker a task writes as it begins to close: no executor writes an INTENT after it."""
+    return f"{task_id}:closing"
+
+
+def refused_intent_key(intent: str) -> str:
+    """The record of a dispatch's INTENT the ledger refused to write (a budget scope was short)."""
+    return f"{intent}:refused"
+
+
 def effect_key(intent: str, effect: str) -> str:
     """An INTENT's immediate effect (``rollback``, ``escalation``), written in the same transaction."""
     return f"{intent}:{effect}"

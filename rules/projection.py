@@ -215,6 +215,9 @@ class Projection:
     failed: set[str] = field(default_factory=set)
     unapproved: set[str] = field(default_factory=set)  # succeeded, its stage asks for approval, not approved
     stale: set[str] = field(default_factory=set)
+    # Dispatches decided and folded before the ledger holds their INTENT (its executor writes it: see
+    # ``apply_provisional``), by dedup key, in the order decided.
+    provisional: dict[str, Intent] = field(default_factory=dict)
 
     @property
     def state(self) -> TaskState:
@@ -303,6 +306,9 @@ def apply(p: Projection, stored: StoredEvent) -> None:
     if stored.seq <= p.watermark:
         return
     p.watermark = stored.seq
+    if stored.dedup_key in p.provisional:
+        del p.provisional[stored.dedup_key]  # folded already, when it was decided
+        return
     event = parse(stored)
     _apply(p, event, stored)
     for node in _touched(p, event):
@@ -314,7 +320,7 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
         case TaskCreated():
             pass
         case Intent():
-            _apply_intent(p, event, stored)
+            _apply_intent(p, event, stored.seq)
         case Decision():
             p.llm_decisions += 1
             _spend(p, None, event.cost, inference=True)
@@ -399,7 +405,33 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             assert_never(event)
 
 
-def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
+def apply_provisional(p: Projection, key: str, intent: Intent) -> None:
+    """Fold a Dispatch's INTENT before the ledger holds it.
+
+    The executor activity writes a dispatch's INTENT as its first step (workflows/task.py), so the loop folds
+    it as decided: the next decision of a fan-out sees this node in flight and its reservation held. The
+    stored INTENT, when ``apply`` meets it (same dedup key), only advances the watermark. If it is never
+    written (the ledger refused it, or the task closed first), ``refold`` builds the projection without it.
+    """
+    assert isinstance(intent.action, Dispatch)
+    p.provisional[key] = intent
+    _apply_intent(p, intent, p.watermark)
+    _reindex(p, p.nodes[intent.action.node])
+
+
+def refold(events: list[StoredEvent], keep: dict[str, Intent], intents: int) -> Projection:
+    """The fold of ``events`` plus the provisional INTENTs in ``keep`` that they do not hold, with the INTENT
+    count no lower than ``intents`` (a dropped INTENT's number is never used again)."""
+    p = fold(events)
+    held = {e.dedup_key for e in events}
+    for key, intent in keep.items():
+        if key not in held:
+            apply_provisional(p, key, intent)
+    p.intents = max(p.intents, intents)
+    return p
+
+
+def _apply_intent(p: Projection, e: Intent, seq: int) -> None:
     p.intents += 1
     match e.action:
         case Dispatch() as d:
@@ -417,10 +449,10 @@ def _apply_intent(p: Projection, e: Intent, stored: StoredEvent) -> None:
         case StaticGate() as g:
             p.gate_pending[p.graph.nodes[g.node].stage.id] = g
         case SuspendForHuman() as s:
-            _open_request(p, s.request, stored.seq)
+            _open_request(p, s.request, seq)
         case Escalate() as esc:
             if esc.request is not None:
-                _open_request(p, esc.request, stored.seq)
+                _open_request(p, esc.request, seq)
                 p.requests[esc.request.id].resolves = esc.resolves
         case Complete():
             p.completed = True

@@ -349,9 +349,13 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
     return _dispatch_or_escalate(p, n, reason, now)
 
 
+# How an escalation for a dispatch the budget does not admit begins (the rules' admission, or the ledger's).
+BUDGET_REFUSED: Final = "pre-dispatch budget insufficient for {node}: "
+
+
 def budget_refused(p: Projection, node: str, why: str) -> Escalate:
     """The escalation when the ledger refuses a dispatch's reservation on a scope above the task."""
-    return escalate(p, f"pre-dispatch budget insufficient for {node}: {why}", node=node)
+    return escalate(p, BUDGET_REFUSED.format(node=node) + why, node=node)
 
 
 def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime) -> Action:
@@ -363,7 +367,7 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
     if reuse is None and not admits(p, stage.estimate):  # a reuse spends nothing: nothing to admit
         return escalate(
             p,
-            f"pre-dispatch budget insufficient for {n.id}: needs {stage.estimate}, "
+            BUDGET_REFUSED.format(node=n.id) + f"needs {stage.estimate}, "
             f"spent {p.spent} + reserved {p.reserved} of {p.ceiling}",
             node=n.id,
         )

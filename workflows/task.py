@@ -6,6 +6,13 @@ The ledger, not this workflow's memory, is the business state: every iteration d
 ``fold(ledger events with seq <= watermark)`` and records that watermark in its INTENT. Dispatch starts an
 executor activity and does not await it, so a fan-out is many iterations, one INTENT each, running in
 parallel. Waits are durable (Temporal timers and conditions): a waiting task holds no worker slot.
+
+A Dispatch's INTENT is written by its executor activity as the activity's first step (one fenced append, the
+reservation with it), not by a local activity before it: one activity per node instead of two round trips.
+The loop folds the INTENT as decided (``apply_provisional``) so the next decision of a fan-out sees it, and
+records in every INTENT which such INTENTs were pending (``Intent.pending``): each decision stays
+recomputable from the record (``rules.recompute``). Every other action (gates, rollbacks, escalations,
+requests to people, completion) is written by the workflow, with its effect, before anything acts on it.
 """
 
 from __future__ import annotations
@@ -54,10 +61,17 @@ with workflow.unsafe.imports_passed_through():
         SystemMarker,
         to_new,
     )
-    from rules.keys import effect_key, intent_key, resolution_key, result_key
+    from rules.keys import (
+        closing_key,
+        effect_key,
+        intent_key,
+        refused_intent_key,
+        resolution_key,
+        result_key,
+    )
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
     from rules.plan import Plan
-    from rules.projection import Projection, apply, fold, summary
+    from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import budget_refused, decide
 
 LEDGER_TIMEOUT = timedelta(seconds=30)
@@ -83,6 +97,8 @@ STAGE_RETRY = RetryPolicy(
 # way they ran: the new commands are taken only where this marker is (or will be) in the history.
 OPERATION_CLOSE = "operation-close-v1"
 ADOPT_BEFORE_WAIT = "adopt-before-wait-v1"
+# A dispatch's INTENT is written by its executor (runs recorded before wrote it with a local activity first).
+INTENT_IN_EXECUTOR = "intent-in-executor-v1"
 # Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
 # cancels and records, and it may have to wait until a maybe-sent request is provably absent.
 CLOSE_TIMEOUT = timedelta(minutes=10)
@@ -139,6 +155,9 @@ class TaskWorkflow:
         self._fenced: str | None = None  # set when an executor learns another run holds the task
         self._started: set[str] = set()  # operation keys this run has started an executor for
         self._inbox: list[Any] = []  # decisions signalled by people, not yet validated and recorded
+        self._to_write: dict[str, NewEvent] = {}  # operation key -> the INTENT its executor is to write
+        self._intents_in_executor = False  # this run's executors write their INTENTs (INTENT_IN_EXECUTOR)
+        self._refused: list[tuple[str, str]] = []  # (operation key, why): INTENTs the ledger refused to write
 
     @workflow.signal(name="decide")
     def decide_signal(self, decision: Any) -> None:
@@ -172,6 +191,7 @@ class TaskWorkflow:
                 )
             self._adopt_open_operations(p)
             await self._take_decisions(p)
+            await self._take_refusals(p)
             if p.terminal:
                 break
             now = workflow.now()
@@ -184,7 +204,10 @@ class TaskWorkflow:
                 continue
             recorded = await self._record(p, rule, action, decided_at=now)
             self._act(p, recorded)
-        alarm.cancel()
+        if not self._intents_in_executor:
+            # Runs recorded before executors wrote their INTENTs cancelled the alarm's timer (an event, and a
+            # command replay expects); a timer left pending simply ends with the workflow.
+            alarm.cancel()
         await self._stop_in_flight(p)
         if any(n.voided for n in p.nodes.values()) and workflow.patched(OPERATION_CLOSE):
             # A voided operation was proven absent at the vendor; a job created for its key even later still
@@ -213,12 +236,14 @@ class TaskWorkflow:
         each cancellation to complete (WAIT_CANCELLATION_COMPLETED) added ~160 ms to every task's latency in
         ``make bench``, although only a task that ends with work in flight needs to wait.
         """
+        self._stopping = True
+        if p.provisional:
+            await self._close_intents(p)
         if not self._running:
             if not p.in_flight() or not workflow.patched(OPERATION_CLOSE):
                 return
             await self._close_open(p)  # open in the ledger with no executor in this run (a dead worker's)
             return
-        self._stopping = True
         for handle in list(self._activities.values()):
             handle.cancel()
         await workflow.wait_condition(lambda: not self._running)
@@ -226,6 +251,48 @@ class TaskWorkflow:
             await self._close_open(p)
         else:
             await self._stop_in_flight_before_close(p)
+
+    async def _close_intents(self, p: Projection) -> None:
+        """Before a closing task cancels its executors: make sure no executor writes a dispatch's INTENT now.
+
+        The ``closing`` marker is written under the task's lease lock, which an executor's INTENT write takes
+        too and checks for it (``append_fenced(unless=…)``): every INTENT is either in the ledger now (the
+        mark returns it, and its operation is closed like any other) or can never be written (its executor is
+        refused and sends nothing). The ones never written leave the projection, and are recorded as refused:
+        the decisions made while they were pending stay recomputable.
+        """
+        await self._mark(p, to_new(SystemMarker(kind=MarkerKind.CLOSING), dedup_key=closing_key(p.task_id)))
+        if p.provisional:
+            never = dict(p.provisional)
+            await self._refold(p, drop=set(never))
+            refused = [_refused_marker(key, intent) for key, intent in never.items()]
+            append = AppendInput(task_id=p.task_id, epoch=self._epoch, events=refused, after=p.watermark)
+            self._apply(p, await self._ledger("ledger.append", append))
+
+    async def _refold(self, p: Projection, drop: set[str]) -> None:
+        """Rebuild the projection from the whole ledger without the provisional INTENTs in ``drop`` (never
+        written). Rare (a refused reservation, a task closing mid-dispatch), so a full read is acceptable."""
+        events = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=0))
+        keep = {k: v for k, v in p.provisional.items() if k not in drop}
+        fresh = refold([StoredEvent.model_validate(e) for e in events], keep, p.intents)
+        vars(p).clear()
+        vars(p).update(vars(fresh))
+
+    async def _take_refusals(self, p: Projection) -> None:
+        """A dispatch whose INTENT the ledger refused (a budget scope above the task is short): nothing was
+        written or reserved and nothing was sent. Record that INTENT as refused (so the decisions made while
+        it was pending stay recomputable) with the escalation that asks a person (AddBudget + Resume
+        continues)."""
+        while self._refused:
+            op_key, why = self._refused.pop(0)
+            key, intent, node = next(
+                (k, i, i.action.node)
+                for k, i in p.provisional.items()
+                if isinstance(i.action, Dispatch) and i.action.operation_key == op_key
+            )
+            await self._refold(p, drop={key})
+            escalation = budget_refused(p, node, why)
+            await self._record(p, intent.rule, escalation, extra=[_refused_marker(key, intent)])
 
     async def _stop_in_flight_before_close(self, p: Projection) -> None:
         """How a run recorded before ``operation.close`` existed ended its operations (kept for replay only):
@@ -270,9 +337,16 @@ class TaskWorkflow:
 
     # ── recording ────────────────────────────────────────────────────────────────────────────────────
     async def _record(
-        self, p: Projection, rule: str, action: Action, *, decided_at: datetime | None = None
+        self,
+        p: Projection,
+        rule: str,
+        action: Action,
+        *,
+        decided_at: datetime | None = None,
+        extra: tuple[NewEvent, ...] | list[NewEvent] = (),
     ) -> Action:
-        """Write the INTENT (and, for event-only actions, its effect) in one fenced transaction.
+        """Record the INTENT: a Dispatch's for its executor to write; any other (and its effect) now, in one
+        fenced transaction (with ``extra`` events, if any).
 
         ``decided_at`` is the time the action was decided at (default: now), recorded with the watermark so
         an audit can recompute the decision. Returns the action actually recorded, which is the one to act on:
@@ -285,10 +359,16 @@ class TaskWorkflow:
             watermark=p.watermark,
             decided_at=decided_at or workflow.now(),
             reservation=reservation,
+            pending=tuple(p.provisional),
         )
         key = intent_key(p.task_id, p.watermark, p.intents + 1)
         op_key = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
-        events: list[NewEvent] = [to_new(intent, dedup_key=key, operation_key=op_key)]
+        if isinstance(action, Dispatch) and workflow.patched(INTENT_IN_EXECUTOR):
+            self._intents_in_executor = True
+            self._to_write[action.operation_key] = to_new(intent, dedup_key=key, operation_key=op_key)
+            apply_provisional(p, key, intent)
+            return action
+        events: list[NewEvent] = [to_new(intent, dedup_key=key, operation_key=op_key), *extra]
         match action:
             case Rollback():
                 effect = RollbackDone(
@@ -390,6 +470,7 @@ class TaskWorkflow:
                 input_hash=action.input_hash,
                 reuse=action.reuse,
                 reuse_project=p.plan.project if p.plan.reuse == "project" else None,
+                intent=self._to_write.pop(action.operation_key, None),
             )
             activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")
             self._start(action.operation_key, action.node, activity, inp)
@@ -420,17 +501,25 @@ class TaskWorkflow:
                 retry_policy=STAGE_RETRY,
             )
             result = await handle
-            self._arrived.append(StoredEvent.model_validate(result))
+            # The operation's rows, INTENT to result (an executor that wrote the INTENT), or just its result.
+            rows = result if isinstance(result, list) else [result]
+            self._arrived.extend(StoredEvent.model_validate(r) for r in rows)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise  # not ours (the worker evicting this workflow from its cache)
             # Asked to cancel by _stop_in_flight, which waits for the executor's own result in the ledger.
         except ActivityError as e:
-            if error_type(e) == STALE_EPOCH:
+            kind = error_type(e)
+            if kind == STALE_EPOCH:
                 self._fenced = _error_text(e)  # another run holds the task: write nothing, stop (see run)
                 return
-            if self._stopping and isinstance(e.cause, CancelledError):
-                return  # asked to cancel by _stop_in_flight, which closes whatever is still open
+            if kind == "BudgetRefused" and isinstance(arg, StageInput) and arg.intent is not None:
+                self._refused.append((op_key, _error_text(e)))  # its INTENT was not written: see run
+                return
+            if self._stopping and (isinstance(e.cause, CancelledError) or kind == "AlreadyResolved"):
+                # Asked to cancel by _stop_in_flight, which closes whatever is still open; or refused to write
+                # its INTENT because the task is closing (nothing was written or sent).
+                return
             # The executor ended without a result (an error no retry can fix: a bug). The operation is closed
             # from the record and the vendor, so its reservation is settled and nothing paid for is lost.
             if not workflow.patched(OPERATION_CLOSE):
@@ -544,6 +633,14 @@ class TaskWorkflow:
 
 class _BudgetRefused(Exception):
     """The ledger refused a reservation on a budget scope (raised inside this workflow only)."""
+
+
+def _refused_marker(key: str, intent: Intent) -> NewEvent:
+    """The record of a dispatch's INTENT that was never written (refused by the ledger, or by the task's
+    closing). Not under the operation's key: that operation never existed (no INTENT, nothing sent)."""
+    node = intent.action.node if isinstance(intent.action, Dispatch) else None
+    marker = SystemMarker(kind=MarkerKind.INTENT_REFUSED, node=node, detail=intent.model_dump_json())
+    return to_new(marker, dedup_key=refused_intent_key(key))
 
 
 def _close_input(p: Projection, n: Any) -> CloseInput:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.errors import DuplicateEvent, LedgerUnavailable, StaleEpoch, TaskNotFound
+from ledger.errors import AlreadyResolved, DuplicateEvent, LedgerUnavailable, StaleEpoch, TaskNotFound
 from ledger.recorder import Recorder
 from ledgerflow import pg
 from rules.envelope import NewEvent, StoredEvent
@@ -97,6 +97,22 @@ def test_fenced_append_with_a_stale_epoch_raises_and_writes_nothing(recorder: Re
     assert recorder.find_by_dedup_key(f"{task}:zombie") is None
     # The refused write consumed no seq.
     assert [e.seq for e in recorder.append_fenced(task, new, [ev(f"{task}:live")])] == [1]
+
+
+def test_fenced_append_unless_a_key_is_stored_is_refused_once_it_is_and_writes_nothing(
+    recorder: Recorder,
+) -> None:
+    # An executor's INTENT is written unless the task began closing (the workflow's ``closing`` marker).
+    task = new_task()
+    epoch = recorder.take_lease(task, "run-a")
+    closing = f"{task}:closing"
+    recorder.append_fenced(task, epoch, [ev(f"{task}:intent:1")], unless=closing)
+    recorder.append_idempotent(task, ev(closing))
+    with pytest.raises(AlreadyResolved):
+        recorder.append_fenced(task, epoch, [ev(f"{task}:intent:2")], unless=closing)
+    assert [e.dedup_key for e in recorder.read_events(task)] == [f"{task}:intent:1", closing]
+    assert recorder.find_by_dedup_key(f"{task}:intent:2") is None
+    assert [e.seq for e in recorder.append_fenced(task, epoch, [ev(f"{task}:after")])] == [3]  # no seq used
 
 
 def test_fenced_append_to_a_task_without_lease_raises_task_not_found(recorder: Recorder) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rules.events import parse
 from rules.projection import fold
+from rules.recompute import recompute
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +41,7 @@ async def test_e001_video_pipeline_completes_with_ledger_equal_to_vendor(lf, sim
     events = lf.recorder.read_events(plan.task_id)
     p = fold(events)
     assert len([n for n in p.nodes if n.startswith("keyframes/")]) == 19
+    assert recompute(events) == []  # every decision recomputes from its watermark and pending INTENTs
     assert all(v.status.value == "succeeded" for v in p.nodes.values())
     vendor_total = await sim.total(plan.task_id)
     outcome_total = sum((parse(e).actual_cost for e in events if e.type == "Outcome"), Decimal(0))

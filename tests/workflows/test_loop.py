@@ -11,6 +11,7 @@ from temporalio.worker import Replayer
 from ledgerflow import client as lfclient
 from rules.events import parse
 from rules.projection import fold
+from rules.recompute import recompute
 from workflows.task import TaskWorkflow, workflow_id
 
 FAN_OUT = """
@@ -31,9 +32,14 @@ async def test_fan_out_runs_in_parallel(lf, sim):
     assert result.state == "Completed"
     # Six 1.5 s jobs: 9 s if serial. Parallel dispatch finishes in about one job's latency plus overhead.
     assert wall < 9.0 / 2, f"fan-out took {wall:.1f}s: not parallel"
+    assert recompute(lf.recorder.read_events(plan.task_id)) == []  # six dispatches on one watermark
     intents = [parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "Intent"]
     dispatched = [i.action.node for i in intents if i.action.kind == "Dispatch"]
     assert sorted(dispatched[:6]) == [f"shots/S0{i}" for i in range(1, 7)]
+    # One decision round: six dispatches on one watermark, each decided with the ones before it pending.
+    fan = [i for i in intents if i.action.kind == "Dispatch"][:6]
+    assert len({i.watermark for i in fan}) == 1
+    assert sorted(len(i.pending) for i in fan) == [0, 1, 2, 3, 4, 5]
 
 
 async def test_every_intent_records_the_watermark_it_was_decided_on(lf, sim):

@@ -11,6 +11,7 @@ from decimal import Decimal
 from ledgerflow.audit import audit_budget
 from rules.events import parse
 from rules.projection import fold
+from rules.recompute import recompute
 
 ONE_SHOT = """
 goal: one paid generation
@@ -55,6 +56,12 @@ async def test_ten_tasks_race_for_a_project_budget_and_it_is_never_overdrawn(lf,
         p = fold(lf.recorder.read_events(tid))
         assert "budget refused: project:" in (p.escalation_reason or ""), p.escalation_reason
         assert p.nodes["gen"].attempts == 0 and p.reserved == 0  # refused: no INTENT, nothing reserved
+        events = lf.recorder.read_events(tid)
+        refused = [e for e in events if e.type == "SystemMarker" and parse(e).kind == "intent_refused"]
+        assert [parse(e).node for e in refused] == ["gen"]  # the INTENT the executor could not write
+        assert not [e for e in events if e.type == "Intent" and parse(e).action.kind == "Dispatch"]
+    for tid in completed + escalated:
+        assert recompute(lf.recorder.read_events(tid)) == [], tid  # the refusal's escalation included
     account = lf.recorder.account(f"project:{project}")
     assert account is not None and account.reserved == 0
     vendor = sum([await sim.total(t) for t in completed], Decimal(0))

@@ -23,6 +23,7 @@ from ledgerflow.versions import evals, show_at
 from rules.events import parse
 from rules.plan import REVIEW
 from rules.projection import fold
+from rules.recompute import recompute
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
 PIPELINE = """
@@ -75,6 +76,7 @@ async def test_quality_rework_reruns_the_flagged_shots_and_their_lineage_in_one_
     await replayer.replay_workflow(await handle.fetch_history())  # the rework path replays deterministically
     p = fold(lf.recorder.read_events(plan.task_id))
     assert p.rework_rounds == 1
+    assert recompute(lf.recorder.read_events(plan.task_id)) == []  # the rollback and the reruns too
     rollbacks = [parse(e) for e in lf.recorder.read_events(plan.task_id) if e.type == "Rollback"]
     assert len(rollbacks) == 1, "both issues of the review are merged into one round"
     assert rollbacks[0].targets == ("shots/S01", "shots/S03")
