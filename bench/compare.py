@@ -20,10 +20,13 @@ import tempfile
 import time
 import uuid
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 import psutil
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -31,12 +34,14 @@ from temporalio.worker import Worker
 from bench.bare import BareActivities, BareDag, BareInput
 from ledgerflow import pg, stack
 from ledgerflow.config import Settings
+from rules.dag import build_graph
 from rules.plan import load_plan
 from vendors.jobs import JobsAdapter
 from vendors.routes import DEFAULT_ROUTES, RouteSpec
 from workflows.task import TaskInput, TaskWorkflow, workflow_id
 
 SIM_KEY = "bench-key"
+E001 = Path(__file__).resolve().parents[1] / "examples" / "e001_video.yaml"
 PLAN = """
 goal: benchmark DAG
 budget_ceiling: 100
@@ -52,28 +57,69 @@ BARE = {"chain": ["a", "b", "c"], "fan_out": [f"f{i}" for i in range(5)], "join"
 BARE_PLUS_2 = {**BARE, "join": ["j1", "j2", "compose", "review"]}
 
 
-async def run_bare(client: Client, queue: str, shape: dict[str, list[str]]) -> None:
+async def run_bare(client: Client, queue: str, shape: dict[str, list[str]]) -> str:
     rid = uuid.uuid4().hex[:12]
     await client.execute_workflow(
         BareDag.run, BareInput(run_id=f"bare-{rid}", **shape), id=f"bare-{rid}", task_queue=queue
     )
+    return f"bare-{rid}"
 
 
-async def run_ledgerflow(client: Client, queue: str) -> None:
+async def run_ledgerflow(client: Client, queue: str, text: str = PLAN) -> str:
     tid = f"bench-{uuid.uuid4().hex[:12]}"
-    plan = load_plan(PLAN, DEFAULT_ROUTES, task_id=tid)
+    plan = load_plan(text, DEFAULT_ROUTES, task_id=tid)
     result = await client.execute_workflow(
         TaskWorkflow.run, TaskInput(task_id=tid, plan=plan), id=workflow_id(tid), task_queue=queue
     )
     if result.state != "Completed":
         raise RuntimeError(f"benchmark task {tid} ended {result.state}")
+    return workflow_id(tid)
 
 
-async def latency(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+@dataclass
+class Shape:
+    """What a workflow's Temporal history says about it: events, activities, and the hops between them."""
+
+    events: int
+    activities: int
+    hops: list[float]  # seconds from an activity's completion to the start of one it led to
+
+
+async def shape_of(client: Client, wid: str) -> Shape:
+    """Events, activities and hops of one finished workflow.
+
+    A hop is the time from the completion that woke the workflow to the start of an activity the workflow
+    then scheduled: the latest ActivityTaskCompleted before each ActivityTaskScheduled, to its
+    ActivityTaskStarted: the orchestration's share of a node's time (workflow task, activity pickup)."""
+    history = await client.get_workflow_handle(wid).fetch_history()
+    completed_at: datetime | None = None
+    scheduled_after: dict[int, datetime | None] = {}  # scheduled event id -> completion before it
+    hops = []
+    activities = 0
+    for e in history.events:
+        t = e.event_time.ToDatetime()
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            completed_at = t
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            activities += 1
+            scheduled_after[e.event_id] = completed_at
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            before = scheduled_after.get(e.activity_task_started_event_attributes.scheduled_event_id)
+            if before is not None:
+                hops.append((t - before).total_seconds())
+    return Shape(len(history.events), activities, hops)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def latency(fn, n: int, ids: list[str]) -> float:  # type: ignore[no-untyped-def]
     samples = []
     for _ in range(n):
         t = time.perf_counter()
-        await fn()
+        ids.append(await fn())
         samples.append(time.perf_counter() - t)
     return statistics.median(samples)
 
@@ -156,9 +202,10 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
             cpu: dict[str, dict[str, float]] = {k: dict.fromkeys(pids, 0.0) for k in contenders}
             lat: dict[str, list[float]] = {k: [] for k in contenders}
             thr: dict[str, list[float]] = {k: [] for k in contenders}
+            ids: dict[str, list[str]] = {k: [] for k in contenders}
             for rep in range(reps):
                 for name, fn in contenders.items():
-                    lat[name].append(await latency(fn, n_latency))
+                    lat[name].append(await latency(fn, n_latency, ids[name]))
                 for name, fn in contenders.items():
                     before = cpu_seconds(pids)
                     thr[name].append(await throughput(fn, n_throughput))
@@ -171,6 +218,8 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
                     file=sys.stderr,
                     flush=True,
                 )
+            shapes = {k: [await shape_of(client, wid) for wid in v[-20:]] for k, v in ids.items()}
+            e001 = await shape_of(client, await run_ledgerflow(client, queue, E001.read_text()))
     finally:
         for proc in procs:
             proc.terminate()
@@ -187,11 +236,28 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
     print(f"\nCPU ms per workflow (throughput runs): {'':3}" + "".join(f"{p:>10}" for p in pids))
     for k in contenders:
         print(f"{k:12} {'':26}" + "".join(f"{cpu[k][p] * 1000:10.1f}" for p in pids))
+    nodes = {"bare": 10, "bare+2": 12, "ledgerflow": len(build_graph(load_plan(PLAN, DEFAULT_ROUTES)).nodes)}
+    print(f"\nTemporal history per workflow (last {len(next(iter(shapes.values())))} sequential runs):")
+    print(f"{'':12} {'events':>7} {'per node':>9} {'hop p50 ms':>11} {'hop p95 ms':>11}")
+    for k, got in shapes.items():
+        events = statistics.median(x.events for x in got)
+        hops = [h for x in got for h in x.hops]
+        print(
+            f"{k:12} {events:7.0f} {events / nodes[k]:9.2f} "
+            f"{percentile(hops, 0.5) * 1000:11.1f} {percentile(hops, 0.95) * 1000:11.1f}"
+        )
+    e001_nodes = len(build_graph(load_plan(E001.read_text(), DEFAULT_ROUTES)).nodes)
+    print(
+        f"{'E001':12} {e001.events:7d} {e001.events / e001_nodes:9.2f} "
+        f"{percentile(e001.hops, 0.5) * 1000:11.1f} {percentile(e001.hops, 0.95) * 1000:11.1f}"
+        f"   ({e001_nodes} nodes, one task)"
+    )
     print()
     for base in ("bare", "bare+2") if "ledgerflow" in med_l and "bare" in med_l else ():
         print(
             f"ledgerflow / {base:7} latency {med_l['ledgerflow'] / med_l[base]:.2f}x   "
-            f"throughput {med_t['ledgerflow'] / med_t[base]:.2f}x"
+            f"throughput {med_t['ledgerflow'] / med_t[base]:.2f}x   "
+            f"worker CPU {cpu['ledgerflow']['worker'] / cpu[base]['worker']:.2f}x"
         )
 
 
