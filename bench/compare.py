@@ -38,7 +38,8 @@ from rules.dag import build_graph
 from rules.plan import load_plan
 from vendors.jobs import JobsAdapter
 from vendors.routes import DEFAULT_ROUTES, RouteSpec
-from workflows.task import TaskInput, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, workflow_id
+from workflows.task import TaskWorkflow
 
 SIM_KEY = "bench-key"
 E001 = Path(__file__).resolve().parents[1] / "examples" / "e001_video.yaml"

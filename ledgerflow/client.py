@@ -16,7 +16,8 @@ from reconcile.takeover import orphaned_tasks
 from rules.envelope import StoredEvent
 from rules.plan import Plan, Routes, load_plan
 from rules.projection import fold, summary
-from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, TaskResult, workflow_id
+from workflows.task import TaskWorkflow
 
 
 class ClientError(Exception):

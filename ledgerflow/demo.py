@@ -25,8 +25,9 @@ from ledgerflow import stack
 from ledgerflow.config import Settings
 from ledgerflow.report import stage_rows, status_table
 from media import probe
-from rules.events import parse
-from workflows.task import TaskInput, TaskWorkflow, workflow_id
+from rules.events import Outcome, RollbackDone, parse_as
+from workflows.contracts import TaskInput, workflow_id
+from workflows.task import TaskWorkflow
 
 
 def run_demo(settings: Settings, plan_text: str, out: Console) -> int:
@@ -64,7 +65,9 @@ def run_demo(settings: Settings, plan_text: str, out: Console) -> int:
 
 def _episode(settings: Settings, record: list[Any]) -> str | None:
     """The composed episode: its file and what a probe of it says (None if compose made no video)."""
-    composed = [parse(e) for e in record if e.type == "Outcome" and e.payload.get("node") == "compose"]
+    composed = [
+        parse_as(e, Outcome) for e in record if e.type == "Outcome" and e.payload.get("node") == "compose"
+    ]
     if not composed or not composed[-1].artifact.media:
         return None
     uri = composed[-1].artifact.uri
@@ -127,7 +130,7 @@ def _rework_lines(record: list[Any]) -> list[str]:
             findings = "; ".join(e.payload.get("findings", []))
             lines.append(f"review (seq {e.seq}): {e.payload.get('verdict')} {findings}".rstrip())
         if e.type == "Rollback":
-            done = parse(e)
+            done = parse_as(e, RollbackDone)
             rerun = [n for n in done.invalidated if n not in done.targets]
             lines.append(
                 f"rework round {done.round} (seq {e.seq}): rerun {', '.join(done.targets)} "

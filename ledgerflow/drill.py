@@ -36,7 +36,8 @@ from ledgerflow.faults import POINTS
 from rules.events import vendor_spend
 from rules.keys import is_result_key
 from rules.projection import fold
-from workflows.task import TaskInput, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, workflow_id
+from workflows.task import TaskWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = """

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from rules.actions import Dispatch
 from rules.envelope import StoredEvent
-from rules.events import Intent, Outcome, parse
+from rules.events import Intent, Outcome, parse, parse_as
 from rules.inputs import refs
 
 
@@ -44,7 +44,7 @@ def artifact_rows(events: list[StoredEvent]) -> list[ArtifactRow]:
             intent = parse(e)
             if isinstance(intent, Intent) and isinstance(intent.action, Dispatch):
                 asked[e.operation_key] = intent.action
-    outcomes = [(e.seq, parse(e)) for e in events if e.type == "Outcome"]
+    outcomes = [(e.seq, parse_as(e, Outcome)) for e in events if e.type == "Outcome"]
     latest = {o.node: seq for seq, o in outcomes}
     rows = []
     for seq, o in outcomes:

@@ -280,7 +280,7 @@ def ruling(p: Projection, events: list[StoredEvent], decision_id: str, request_i
 
 async def send(settings: Settings, task_id: str, payload: dict[str, Any]) -> None:
     """Signal the task's workflow with the payload (as is: the worker validates it)."""
-    from workflows.task import workflow_id
+    from workflows.contracts import workflow_id
 
     client = await connect(settings)
     handle = client.get_workflow_handle(workflow_id(task_id))

@@ -31,7 +31,8 @@ from ledgerflow.drill import vendor_charges
 from rules.events import Escalation, ExecutionResult, Intent, parse, vendor_spend
 from rules.projection import fold
 from rules.table import RULES
-from workflows.task import TaskInput, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, workflow_id
+from workflows.task import TaskWorkflow
 
 SETTLED = frozenset({"Completed", "Failed", "Escalated"})
 RULE_NAMES = {r.id: r.name for r in RULES}

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ledgerflow.client import ClientError, events
 from ledgerflow.config import Settings
-from rules.events import parse
+from rules.events import ExecutionResult, parse_as
 from rules.projection import fold, summary
 
 
@@ -46,7 +46,7 @@ def evals(settings: Settings, task_id: str, threshold: float = 0.1) -> list[Eval
             compositions += 1
         if stored.type != "ExecutionResult" or stored.payload.get("kind") != "review":
             continue
-        result = parse(stored)
+        result = parse_as(stored, ExecutionResult)
         regressions = {
             dim: (best_before[dim], score)
             for dim, score in result.scores.items()

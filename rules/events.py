@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -88,6 +88,9 @@ class ArtifactRef(BaseModel, frozen=True):
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
     SCHEMA: ClassVar[int] = 1  # the payload version this code writes; older versions are upcast on read
+
+
+E = TypeVar("E", bound=_Event)
 
 
 class TaskCreated(_Event):
@@ -235,6 +238,20 @@ class PartialResolution(_Event):
     note: str = ""
 
 
+Event = (
+    TaskCreated
+    | Intent
+    | Decision
+    | Outcome
+    | ExecutionResult
+    | Progress
+    | Failure
+    | SystemMarker
+    | HumanDecision
+    | RollbackDone
+    | Escalation
+    | PartialResolution
+)
 LedgerEvent = Annotated[
     TaskCreated
     | Intent
@@ -265,7 +282,7 @@ EVENT_TYPES = (
     "PartialResolution",
 )
 
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(LedgerEvent)
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(LedgerEvent)
 
 
 def _rollback_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +306,7 @@ _UPCASTERS: dict[tuple[str, int], Any] = {
 }
 
 
-def parse(stored: StoredEvent) -> Any:
+def parse(stored: StoredEvent) -> Event:
     """Turn a stored envelope into its typed event, upcasting old schema versions first."""
     payload = stored.payload
     version = stored.schema_version
@@ -297,6 +314,14 @@ def parse(stored: StoredEvent) -> Any:
         payload = _UPCASTERS[(stored.type, version)](payload)
         version += 1
     return _ADAPTER.validate_python({**payload, "type": stored.type})
+
+
+def parse_as(stored: StoredEvent, kind: type[E]) -> E:
+    """``parse``, for a caller that knows which type the event is (ValueError if it is not)."""
+    event = parse(stored)
+    if not isinstance(event, kind):
+        raise ValueError(f"event {stored.seq} of task {stored.task_id} is {stored.type}, not {kind.__name__}")
+    return event
 
 
 def to_new(event: _Event, dedup_key: str, operation_key: str | None = None) -> NewEvent:

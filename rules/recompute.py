@@ -20,7 +20,7 @@ from typing import Any
 
 from rules.actions import Dispatch, Escalate
 from rules.envelope import StoredEvent
-from rules.events import Intent, MarkerKind, SystemMarker, parse
+from rules.events import Intent, MarkerKind, SystemMarker, parse, parse_as
 from rules.keys import refused_intent_key
 from rules.projection import Projection, apply_provisional, fold
 from rules.table import BUDGET_REFUSED, decide
@@ -38,7 +38,7 @@ def recompute(events: Iterable[StoredEvent]) -> list[str]:
                 refused[e.dedup_key] = Intent.model_validate_json(marker.detail)
     problems = []
     for e in intents.values():
-        intent = parse(e)
+        intent = parse_as(e, Intent)
         if intent.rule == "LLM":
             continue
         p = fold(x for x in ordered if x.seq <= intent.watermark)
@@ -65,7 +65,7 @@ def _apply_pending(
     """Fold the INTENTs pending at a decision; the key of one on record nowhere, if any."""
     for key in pending:
         if key in intents:
-            apply_provisional(p, key, parse(intents[key]))
+            apply_provisional(p, key, parse_as(intents[key], Intent))
         elif refused_intent_key(key) in refused:
             apply_provisional(p, key, refused[refused_intent_key(key)])
         else:

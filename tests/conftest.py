@@ -41,7 +41,8 @@ from ledgerflow.stack import TEMPORAL_PRAGMAS
 from rules.plan import Plan, load_plan
 from vendors.routes import RouteTable
 from vendors.simulator import BackgroundSimulator, SimConfig
-from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, TaskResult, workflow_id
+from workflows.task import TaskWorkflow
 
 SIM_KEY = "sk-test-4f1c9e"
 # Approver signing keys the test worker verifies decisions with (tests sign with them: rules.people.sign).

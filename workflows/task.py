@@ -23,14 +23,17 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
-    # passing them through keeps pydantic's model classes identical inside and outside the sandbox.
+    # passing them through keeps pydantic's model classes identical inside and outside the sandbox. pydantic
+    # itself too: imported fresh in every run's sandbox, it (and the models built on it) cost more CPU than
+    # the rest of a workflow run (make bench).
+    from pydantic import BaseModel
+
     from activities.boundary import NON_RETRYABLE as EXECUTOR_NON_RETRYABLE
     from activities.boundary import STALE_EPOCH, error_type
     from activities.ledger import NON_RETRYABLE, AppendInput, MarkInput, OpenTaskInput, ReadInput
@@ -70,9 +73,9 @@ with workflow.unsafe.imports_passed_through():
         result_key,
     )
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
-    from rules.plan import Plan
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import budget_refused, decide
+    from workflows.contracts import TaskInput, TaskResult
 
 LEDGER_TIMEOUT = timedelta(seconds=30)
 LEDGER_RETRY = RetryPolicy(
@@ -119,24 +122,6 @@ LLM_RETRY = RetryPolicy(
     maximum_attempts=3,
     non_retryable_error_types=["LlmRejected"],
 )
-
-
-class TaskInput(BaseModel):
-    task_id: str
-    plan: Plan
-    # How long an executor may go without heartbeating before Temporal hands its activity to another worker.
-    heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
-
-
-class TaskResult(BaseModel):
-    task_id: str
-    state: str
-    summary: dict[str, Any]
-
-
-def workflow_id(task_id: str) -> str:
-    """One workflow per task: its id is derived from the task id (never random)."""
-    return f"ledgerflow-task-{task_id}"
 
 
 @workflow.defn(name="TaskWorkflow")

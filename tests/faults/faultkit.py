@@ -52,7 +52,8 @@ from rules.envelope import StoredEvent
 from rules.events import vendor_spend
 from rules.plan import Plan, load_plan
 from vendors.routes import DEFAULT_ROUTES
-from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, TaskResult, workflow_id
+from workflows.task import TaskWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_KEY = "sk-test-4f1c9e"  # the bearer key tests/conftest.py gives the simulator (any non-empty key works)

@@ -12,7 +12,8 @@ from ledgerflow import client as lfclient
 from rules.events import parse
 from rules.projection import fold
 from rules.recompute import recompute
-from workflows.task import TaskWorkflow, workflow_id
+from workflows.contracts import workflow_id
+from workflows.task import TaskWorkflow
 
 FAN_OUT = """
 goal: six slow shots in parallel

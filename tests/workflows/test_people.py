@@ -37,7 +37,8 @@ from rules.events import HumanDecision, Intent, MarkerKind, SystemMarker, TaskCr
 from rules.keys import resolution_key
 from rules.plan import TimeoutPolicy, budget_scopes
 from rules.projection import TaskState, fold
-from workflows.task import TaskInput, TaskResult, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, TaskResult, workflow_id
+from workflows.task import TaskWorkflow
 
 APPROVAL = """
 goal: a storyboard a person must approve

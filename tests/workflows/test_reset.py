@@ -12,7 +12,7 @@ from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 
 from rules.events import parse
 from rules.projection import fold
-from workflows.task import TaskResult
+from workflows.contracts import TaskResult
 
 ONE_SHOT = """
 goal: one slow paid shot

@@ -24,7 +24,8 @@ from rules.events import parse
 from rules.plan import REVIEW
 from rules.projection import fold
 from rules.recompute import recompute
-from workflows.task import TaskInput, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, workflow_id
+from workflows.task import TaskWorkflow
 
 PIPELINE = """
 goal: three shots and an edit

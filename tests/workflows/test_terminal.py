@@ -12,7 +12,8 @@ from ledgerflow.audit import audit_budget
 from rules.events import parse
 from rules.plan import budget_scopes
 from rules.recompute import recompute
-from workflows.task import TaskInput, TaskWorkflow, workflow_id
+from workflows.contracts import TaskInput, workflow_id
+from workflows.task import TaskWorkflow
 
 # Two independent branches: script → edit, whose static gate fails on a banned term in its request (R2 ends
 # the task), and a slow generation that is still running at the vendor when that happens.
