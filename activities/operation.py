@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from decimal import Decimal
 from typing import Any
 
@@ -145,7 +146,11 @@ class Operation:
             fence_epoch=self.epoch if fenced else None,
             unless=result_key(self.key) if unless_resolved else None,
         )
-        return await asyncio.to_thread(append)
+        stored, inserted = await asyncio.to_thread(append)
+        rows = _WRITTEN.get()
+        if rows is not None:
+            rows.append(stored)  # for ``recorded``: the rows to hand the loop with the result
+        return stored, inserted
 
     async def sending(self, state: OperationState, timeout_s: float) -> int:
         """Write-ahead before a paid call: the ``submitting`` marker of the next send, fenced by the epoch.
@@ -349,16 +354,17 @@ async def recorded(
     The INTENT is the activity's first step: one fenced append that reserves on every budget scope, refused
     if another run holds the task (StaleEpoch), a scope is short (BudgetRefused: nothing written, the loop
     escalates) or the task began closing (AlreadyResolved: nothing may start any more). A retry finds its own
-    INTENT already written and goes on. Returns every ledger row of the operation, INTENT to result, so the
-    loop folds them without reading the ledger again when nothing else was written in between
-    (workflows/task.py). (Returning every row since the loop's watermark instead, to spare the read a small
-    fan-out's interleaved rows cause, saved no history events in ``make bench`` and doubled E001's history.)
+    INTENT already written and goes on. Returns the ledger rows this attempt wrote, INTENT to result (and the
+    result, whoever wrote it), so the loop folds them without reading the ledger again when nothing else was
+    written in between (workflows/task.py); the rows come from the writes themselves, not from a read.
+    (Returning every row since the loop's watermark instead, to spare the read a small fan-out's interleaved
+    rows cause, saved no history events in ``make bench`` and doubled E001's history.)
     """
     if intent is None:
         return await body()
     assert intent.operation_key is not None
     try:
-        await asyncio.to_thread(
+        rows = await asyncio.to_thread(
             recorder.append_fenced, task_id, epoch, [intent], reserve=reserve, unless=closing_key(task_id)
         )
         mark("intent_recorded", task=task_id, op=intent.operation_key)
@@ -366,7 +372,16 @@ async def recorded(
         existing = await asyncio.to_thread(recorder.find_by_dedup_key, intent.dedup_key)
         if existing is None or existing.task_id != task_id or existing.operation_key != intent.operation_key:
             raise
+        rows = [existing]
     except LedgerError as e:
         cross(e)
-    await body()
-    return await asyncio.to_thread(recorder.events_by_operation_key, intent.operation_key)
+    token = _WRITTEN.set(rows)
+    try:
+        result = await body()
+    finally:
+        _WRITTEN.reset(token)
+    return sorted({r.seq: r for r in [*rows, result]}.values(), key=lambda r: r.seq)
+
+
+# The rows the current executor attempt has written (set by ``recorded``, appended to by ``Operation.write``).
+_WRITTEN: ContextVar[list[StoredEvent] | None] = ContextVar("ledgerflow_written", default=None)

@@ -31,7 +31,10 @@ stages:
 
 
 async def test_a_failed_gate_with_work_in_flight_releases_every_reservation_and_books_the_charge(lf, sim):
-    await sim.configure(executors={"video.motion": {"latency_seconds": 60.0}})
+    # The script takes a moment, so the slow job is surely running at the vendor when the gate fails.
+    await sim.configure(
+        executors={"video.motion": {"latency_seconds": 60.0}, "llm.text": {"latency_seconds": 0.5}}
+    )
     plan = lf.plan(TWO_BRANCHES.format(project=f"term{uuid.uuid4().hex[:8]}"))
     assert plan.task_id is not None
     handle = await lf.client.start_workflow(
