@@ -9,6 +9,9 @@ COPY reconcile reconcile
 COPY ledger ledger
 COPY ledgerflow ledgerflow
 COPY vendors vendors
+COPY runtime runtime
+COPY media media
+COPY artifacts artifacts
 COPY examples examples
 COPY worker.py ./
 RUN pip install --no-cache-dir .

@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy rules ledger reconcile activities vendors artifacts media workflows ledgerflow worker.py
+	$(BIN)/mypy rules ledger runtime reconcile activities vendors artifacts media workflows ledgerflow worker.py
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

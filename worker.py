@@ -26,7 +26,7 @@ from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from artifacts import ArtifactStore, open_store, store_for_uri
 from ledger.recorder import Recorder
-from ledgerflow.config import Settings, get_settings
+from runtime.settings import Settings, get_settings
 from vendors.registry import Adapters
 from workflows.task import TaskWorkflow
 

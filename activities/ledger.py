@@ -15,11 +15,11 @@ from temporalio.exceptions import ApplicationError
 
 from ledger.errors import BudgetRefused, DuplicateEvent, StaleEpoch
 from ledger.recorder import Recorder
-from ledgerflow.faults import mark
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import TaskCreated, to_new
 from rules.keys import created_key
 from rules.plan import Plan, budget_scopes
+from runtime.faults import mark
 
 # Errors a retry can never fix: the workflow's local-activity retry policy lists these as non-retryable.
 NON_RETRYABLE = ["StaleEpoch", "DuplicateEvent", "BudgetRefused"]

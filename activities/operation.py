@@ -33,7 +33,6 @@ from activities.boundary import NotYetProvable, RoutePaused, cross
 from artifacts.store import ArtifactStore
 from ledger.errors import DuplicateEvent, LedgerError, StaleEpoch
 from ledger.recorder import Recorder
-from ledgerflow.faults import mark
 from reconcile.operations import OperationState, operation_state
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import (
@@ -57,6 +56,7 @@ from rules.keys import (
     submitting_key,
 )
 from rules.money import VendorAmount
+from runtime.faults import mark
 
 
 class Operation:

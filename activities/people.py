@@ -17,12 +17,12 @@ from temporalio import activity
 
 from activities.models import RecordDecisionInput
 from ledger.recorder import Recorder
-from ledgerflow.config import ConfigError, Settings
 from rules.envelope import StoredEvent
 from rules.events import to_new
 from rules.keys import resolution_key
 from rules.people import Ruling, conflict, evaluate, resolutions
 from rules.projection import fold
+from runtime.settings import ConfigError, Settings
 
 
 class PeopleActivities:

@@ -34,7 +34,6 @@ from activities.operation import Heartbeat, Operation, heartbeating, recorded
 from artifacts.store import ArtifactCorrupt, ArtifactMissing, ArtifactStore, read_chunks, sha256_of
 from ledger.errors import AlreadyResolved, StaleEpoch
 from ledger.recorder import Recorder
-from ledgerflow.faults import mark
 from media import MediaInvalid, MediaProbe, probe
 from reconcile.operations import Next, OperationState, after_lookup, operation_state, reconcile, stop_step
 from reconcile.watchdog import StallWatch
@@ -45,6 +44,7 @@ from rules.inputs import refs
 from rules.keys import is_result_key
 from rules.money import vendor_amount
 from rules.projection import fold
+from runtime.faults import mark
 from vendors.adapter import Capabilities, JobStatus, VendorAdapter, VendorJob, job_amount
 from vendors.errors import (
     UnsafeResultUrl,

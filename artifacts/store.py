@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 
-from ledgerflow.faults import mark
-from ledgerflow.pg import process_alive
+from runtime.faults import mark
+from runtime.process import process_alive
 
 CHUNK_SIZE = 1024 * 1024
 """The unit of streaming: reads, copies and ``open_read`` chunks are at most this big."""

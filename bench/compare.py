@@ -33,9 +33,9 @@ from temporalio.worker import Worker
 
 from bench.bare import BareActivities, BareDag, BareInput
 from ledgerflow import pg, stack
-from ledgerflow.config import Settings
 from rules.dag import build_graph
 from rules.plan import load_plan
+from runtime.settings import Settings
 from vendors.jobs import JobsAdapter
 from vendors.routes import DEFAULT_ROUTES, RouteSpec
 from workflows.contracts import TaskInput, workflow_id

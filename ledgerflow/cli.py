@@ -22,10 +22,10 @@ from rich.console import Console
 
 from ledger.errors import LedgerError
 from ledgerflow import client as lf
-from ledgerflow.config import ConfigError, get_settings
 from ledgerflow.stack import StackError
 from rules.money import parse_amount
 from rules.plan import PlanError
+from runtime.settings import ConfigError, get_settings
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Trustworthy orchestration of paid pipelines."

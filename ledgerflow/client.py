@@ -11,11 +11,11 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ledger.recorder import Recorder
-from ledgerflow.config import Settings, get_settings
 from reconcile.takeover import orphaned_tasks
 from rules.envelope import StoredEvent
 from rules.plan import Plan, Routes, load_plan
 from rules.projection import fold, summary
+from runtime.settings import Settings, get_settings
 from workflows.contracts import TaskInput, TaskResult, workflow_id
 from workflows.task import TaskWorkflow
 

@@ -22,10 +22,10 @@ from temporalio.service import RPCError
 from artifacts import open_store, store_for_uri
 from ledgerflow import client as lf
 from ledgerflow import stack
-from ledgerflow.config import Settings
 from ledgerflow.report import stage_rows, status_table
 from media import probe
 from rules.events import Outcome, RollbackDone, parse_as
+from runtime.settings import Settings
 from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 

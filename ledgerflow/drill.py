@@ -1,7 +1,7 @@
 """``ledgerflow drill``: a seeded random crash campaign against the embedded stack (seed 003's crash drill).
 
 A workload of small paid pipelines runs on worker subprocesses. Again and again, a worker is started with a
-random fault point (``ledgerflow.faults.POINTS``) at which it freezes; the drill SIGKILLs it there and starts
+random fault point (``runtime.faults.POINTS``) at which it freezes; the drill SIGKILLs it there and starts
 a fresh worker, until the requested number of kills is reached; then every task must still finish. Report:
 kills, recovery time (kill → the killed task's next ledger event) p50/p95, duplicate charges, ledger vs
 vendor total difference, orphaned INTENTs, tasks completed.
@@ -31,11 +31,11 @@ from rich.table import Table
 
 from ledgerflow import client as lf
 from ledgerflow import stack
-from ledgerflow.config import Settings
-from ledgerflow.faults import POINTS
 from rules.events import vendor_spend
 from rules.keys import is_result_key
 from rules.projection import fold
+from runtime.faults import POINTS
+from runtime.settings import Settings
 from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from ledger.recorder import Account
 from ledgerflow.audit import audit_budget
 from ledgerflow.client import ClientError, recorder
-from ledgerflow.config import Settings
+from runtime.settings import Settings
 
 _SCOPE = re.compile(
     r"(project:[A-Za-z0-9_.-]{1,64})|(episode:[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64})|(task:[A-Za-z0-9_.-]{1,64})"

@@ -22,24 +22,26 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ledgerflow import client
 from ledgerflow.client import ClientError, connect, recorder
-from ledgerflow.config import Settings
+from ledgerflow.queue import (
+    QueueItem,
+    dead_letters,
+    group,
+    open_items,
+    request_detail,
+)
 from reconcile.takeover import task_histories
 from rules.actions import RequestKind
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
 from rules.people import (
-    QueueItem,
-    dead_letters,
     describe_resolution,
-    group,
-    open_items,
     parse_money,
-    request_detail,
     resolutions,
     sign,
 )
 from rules.plan import ID_PATTERN
 from rules.projection import Projection, apply, fold
+from runtime.settings import Settings
 
 DECISIONS = {"approve": "approve", "resume": "resume", "abort": "abort", "add-budget": "add_budget"}
 POLL_SECONDS = 30.0

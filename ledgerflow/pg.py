@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.process import process_alive
+
 SYSTEM_USER = "embedded_postgres"
 """The unprivileged user the server runs as when we are root."""
 
@@ -229,25 +231,6 @@ def _wait_ready(data_dir: Path) -> PgInstance | None:
         if time.monotonic() > deadline:
             raise PgError(f"postgres in {data_dir} is running but not ready after {_START_TIMEOUT_S}s")
         time.sleep(0.05)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, counts as dead)."""
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        # No procfs (macOS): fall back to signal 0, which cannot tell a zombie from a live process.
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    # The command name in parentheses may contain spaces or parentheses: the state follows the last ")".
-    return status.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _processes_in(directory: Path) -> list[int]:

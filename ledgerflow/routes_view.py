@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from ledgerflow import client as lf
-from ledgerflow.config import Settings
+from runtime.settings import Settings
 
 
 def route_rows(settings: Settings) -> list[dict[str, Any]]:

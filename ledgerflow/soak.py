@@ -26,11 +26,11 @@ from temporalio.service import RPCError
 from ledger.recorder import Recorder
 from ledgerflow import client as lf
 from ledgerflow import stack
-from ledgerflow.config import Settings
 from ledgerflow.drill import vendor_charges
 from rules.events import Escalation, ExecutionResult, Intent, parse, vendor_spend
 from rules.projection import fold
 from rules.table import RULES
+from runtime.settings import Settings
 from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ledgerflow import pg
-from ledgerflow.config import Settings
+from runtime.process import process_alive
+from runtime.settings import Settings
 
 # SQLite pragmas for the dev server: WAL + synchronous=normal roughly double its throughput on small machines.
 TEMPORAL_PRAGMAS = ("--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal")
@@ -38,7 +39,7 @@ def temporal_binary() -> Path:
 
 
 def alive(pid: int | None) -> bool:
-    return pid is not None and pid > 0 and pg.process_alive(pid)
+    return pid is not None and pid > 0 and process_alive(pid)
 
 
 def wait_port(host: str, port: int, timeout: float = 30.0) -> None:

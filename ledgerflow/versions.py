@@ -8,9 +8,9 @@ from typing import Any
 from rich.table import Table
 
 from ledgerflow.client import ClientError, events
-from ledgerflow.config import Settings
 from rules.events import ExecutionResult, parse_as
 from rules.projection import fold, summary
+from runtime.settings import Settings
 
 
 def show_at(settings: Settings, task_id: str, at: int | None) -> dict[str, Any]:

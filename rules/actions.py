@@ -127,3 +127,9 @@ Action = Annotated[
     Dispatch | Rollback | SuspendForHuman | Escalate | StaticGate | Complete | Wait,
     Field(discriminator="kind"),
 ]
+
+
+def executor_activity(executor: str) -> str:
+    """The Temporal activity that runs a node of ``executor``: the framework's compose and review have their
+    own; every other executor is a paid stage (``stage.run``), whatever route serves it."""
+    return {"compose": "compose.run", "review": "review.run"}.get(executor, "stage.run")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from rules.actions import Action, HumanDecisionType
+from rules.actions import Action, Escalate, HumanDecisionType, Rollback
 from rules.envelope import NewEvent, StoredEvent
 from rules.plan import Plan
 
@@ -314,6 +314,29 @@ def parse(stored: StoredEvent) -> Event:
         payload = _UPCASTERS[(stored.type, version)](payload)
         version += 1
     return _ADAPTER.validate_python({**payload, "type": stored.type})
+
+
+def effect_of(action: Action) -> tuple[str, RollbackDone | Escalation] | None:
+    """The event an event-only action's INTENT is written with, in one transaction, and its key's suffix
+    (``rules.keys.effect_key``): a Rollback's RollbackDone, an Escalate's Escalation; None for the rest."""
+    if isinstance(action, Rollback):
+        done = RollbackDone(
+            targets=action.targets,
+            invalidated=action.invalidated,
+            flagged=action.flagged,
+            round=action.round,
+            reason=action.reason,
+        )
+        return "rollback", done
+    if isinstance(action, Escalate):
+        esc = Escalation(
+            reason=action.reason,
+            terminal=action.terminal,
+            request_id=action.request.id if action.request else None,
+            resolves=action.resolves,
+        )
+        return "escalation", esc
+    return None
 
 
 def parse_as(stored: StoredEvent, kind: type[E]) -> E:

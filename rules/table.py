@@ -468,6 +468,15 @@ def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
     return None
 
 
+def past_deadline(p: Projection, now: datetime) -> list[tuple[str, str | None]]:
+    """The open requests whose deadline has passed at ``now`` (request id, node): the timeouts to mark."""
+    return [
+        (rid, r.request.node)
+        for rid, r in p.requests.items()
+        if r.open and r.request.deadline is not None and r.request.deadline <= now
+    ]
+
+
 def next_deadline(p: Projection, now: datetime) -> datetime | None:
     """The earliest future instant at which a rule could start matching without a new event."""
     candidates = [_deadline(p)]

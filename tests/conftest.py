@@ -36,9 +36,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from ledger.recorder import Recorder
 from ledgerflow import pg
-from ledgerflow.config import Settings
 from ledgerflow.stack import TEMPORAL_PRAGMAS
 from rules.plan import Plan, load_plan
+from runtime.settings import Settings
 from vendors.routes import RouteTable
 from vendors.simulator import BackgroundSimulator, SimConfig
 from workflows.contracts import TaskInput, TaskResult, workflow_id

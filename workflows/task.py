@@ -36,7 +36,14 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.boundary import NON_RETRYABLE as EXECUTOR_NON_RETRYABLE
     from activities.boundary import STALE_EPOCH, error_type
-    from activities.ledger import NON_RETRYABLE, AppendInput, MarkInput, OpenTaskInput, ReadInput
+    from activities.ledger import (
+        NON_RETRYABLE,
+        AppendInput,
+        MarkInput,
+        OpenTaskInput,
+        OpenTaskResult,
+        ReadInput,
+    )
     from activities.models import (
         CloseInput,
         GateInput,
@@ -45,23 +52,15 @@ with workflow.unsafe.imports_passed_through():
         StageInput,
         SweepInput,
     )
-    from rules.actions import (
-        Action,
-        Dispatch,
-        Escalate,
-        Rollback,
-        StaticGate,
-        Wait,
-    )
+    from rules.actions import Action, Dispatch, StaticGate, Wait, executor_activity
     from rules.envelope import NewEvent, StoredEvent
     from rules.events import (
-        Escalation,
         Failure,
         FailureKind,
         Intent,
         MarkerKind,
-        RollbackDone,
         SystemMarker,
+        effect_of,
         to_new,
     )
     from rules.keys import (
@@ -74,7 +73,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
-    from rules.table import budget_refused, decide
+    from rules.table import budget_refused, decide, past_deadline
     from workflows.contracts import TaskInput, TaskResult
 
 LEDGER_TIMEOUT = timedelta(seconds=30)
@@ -124,6 +123,13 @@ LLM_RETRY = RetryPolicy(
 )
 
 
+# What the ledger's local activities return (all but open_task): the events after the caller's watermark.
+_EVENTS: Any = list[StoredEvent]
+# What an executor returns: the rows it wrote, INTENT to result (or, for an INTENT the workflow wrote, its
+# result).
+_EXECUTED: Any = StoredEvent | list[StoredEvent]
+
+
 @workflow.defn(name="TaskWorkflow")
 class TaskWorkflow:
     def __init__(self) -> None:
@@ -160,12 +166,10 @@ class TaskWorkflow:
     @workflow.run
     async def run(self, inp: TaskInput) -> TaskResult:
         self._task_id = inp.task_id
-        opened = await self._ledger(
-            "ledger.open_task",
-            OpenTaskInput(task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id),
-        )
-        self._epoch = int(opened["epoch"])
-        self._p = p = fold(StoredEvent.model_validate(e) for e in opened["events"])
+        opening = OpenTaskInput(task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id)
+        opened: OpenTaskResult = await self._local("ledger.open_task", opening, OpenTaskResult)
+        self._epoch = opened.epoch
+        self._p = p = fold(opened.events)
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
@@ -259,7 +263,7 @@ class TaskWorkflow:
         written). Rare (a refused reservation, a task closing mid-dispatch), so a full read is acceptable."""
         events = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=0))
         keep = {k: v for k, v in p.provisional.items() if k not in drop}
-        fresh = refold([StoredEvent.model_validate(e) for e in events], keep, p.intents)
+        fresh = refold(events, keep, p.intents)
         vars(p).clear()
         vars(p).update(vars(fresh))
 
@@ -311,14 +315,18 @@ class TaskWorkflow:
         attempt gives up), and hand its result to the loop like an executor's."""
         try:
             result = await workflow.execute_activity(
-                "operation.close", close, start_to_close_timeout=CLOSE_TIMEOUT, retry_policy=CLOSE_RETRY
+                "operation.close",
+                close,
+                start_to_close_timeout=CLOSE_TIMEOUT,
+                retry_policy=CLOSE_RETRY,
+                result_type=StoredEvent,
             )
         except ActivityError as e:
             if error_type(e) != STALE_EPOCH:
                 raise
             self._fenced = _error_text(e)
             return
-        self._arrived.append(StoredEvent.model_validate(result))
+        self._arrived.append(result)
 
     # ── recording ────────────────────────────────────────────────────────────────────────────────────
     async def _record(
@@ -354,24 +362,8 @@ class TaskWorkflow:
             apply_provisional(p, key, intent)
             return action
         events: list[NewEvent] = [to_new(intent, dedup_key=key, operation_key=op_key), *extra]
-        match action:
-            case Rollback():
-                effect = RollbackDone(
-                    targets=action.targets,
-                    invalidated=action.invalidated,
-                    flagged=action.flagged,
-                    round=action.round,
-                    reason=action.reason,
-                )
-                events.append(to_new(effect, dedup_key=effect_key(key, "rollback")))
-            case Escalate():
-                esc = Escalation(
-                    reason=action.reason,
-                    terminal=action.terminal,
-                    request_id=action.request.id if action.request else None,
-                    resolves=action.resolves,
-                )
-                events.append(to_new(esc, dedup_key=effect_key(key, "escalation")))
+        if (effect := effect_of(action)) is not None:
+            events.append(to_new(effect[1], dedup_key=effect_key(key, effect[0])))
         append = AppendInput(
             task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark, reserve=reservation
         )
@@ -385,19 +377,28 @@ class TaskWorkflow:
         self._apply(p, new)
         # Act on what the ledger holds under this key: normally the action just decided; after a worker died
         # between writing an INTENT and reporting it, the one written then (see ledger.append).
-        recorded = next((e for e in new if e["dedup_key"] == key), None)
-        if recorded is not None and recorded["payload"]["action"] != events[0].payload["action"]:
-            return Intent.model_validate(recorded["payload"]).action
+        recorded = next((e for e in new if e.dedup_key == key), None)
+        if recorded is not None and recorded.payload["action"] != events[0].payload["action"]:
+            return Intent.model_validate(recorded.payload).action
         return action
 
-    def _apply(self, p: Projection, raw: list[dict[str, Any]]) -> None:
-        for e in raw:
-            apply(p, StoredEvent.model_validate(e))
+    def _apply(self, p: Projection, events: list[StoredEvent]) -> None:
+        for e in events:
+            apply(p, e)
 
-    async def _ledger(self, name: str, arg: BaseModel) -> Any:
+    async def _ledger(self, name: str, arg: BaseModel) -> list[StoredEvent]:
+        """A ledger local activity that writes (or not), then returns the events after the watermark."""
+        events: list[StoredEvent] = await self._local(name, arg, _EVENTS)
+        return events
+
+    async def _local(self, name: str, arg: BaseModel, result_type: Any) -> Any:
         try:
             return await workflow.execute_local_activity(
-                name, arg, start_to_close_timeout=LEDGER_TIMEOUT, retry_policy=LEDGER_RETRY
+                name,
+                arg,
+                start_to_close_timeout=LEDGER_TIMEOUT,
+                retry_policy=LEDGER_RETRY,
+                result_type=result_type,
             )
         except (ActivityError, ApplicationError) as e:
             # A local activity's failure arrives as the ApplicationError itself (no ActivityError wrapper).
@@ -457,7 +458,7 @@ class TaskWorkflow:
                 reuse_project=p.plan.project if p.plan.reuse == "project" else None,
                 intent=self._to_write.pop(action.operation_key, None),
             )
-            activity = {"compose": "compose.run", "review": "review.run"}.get(action.executor, "stage.run")
+            activity = executor_activity(action.executor)
             self._start(action.operation_key, action.node, activity, inp)
         elif isinstance(action, StaticGate):
             gate = GateInput(
@@ -479,6 +480,7 @@ class TaskWorkflow:
             self._activities[op_key] = handle = workflow.start_activity(
                 activity,
                 arg,
+                result_type=_EXECUTED,
                 start_to_close_timeout=timedelta(hours=2),
                 # Every executor heartbeats (stage.run while it polls, compose/review/gate all along): a lost
                 # worker's attempt is retried within this timeout, and a cancellation reaches the executor.
@@ -488,7 +490,7 @@ class TaskWorkflow:
             result = await handle
             # The operation's rows, INTENT to result (an executor that wrote the INTENT), or just its result.
             rows = result if isinstance(result, list) else [result]
-            self._arrived.extend(StoredEvent.model_validate(r) for r in rows)
+            self._arrived.extend(rows)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise  # not ours (the worker evicting this workflow from its cache)
@@ -557,13 +559,14 @@ class TaskWorkflow:
         self._woken = False
         caught_up = self._fold_arrived(p)
         now = workflow.now()
-        for rid, r in list(p.requests.items()):
-            if r.open and r.request.deadline is not None and r.request.deadline <= now:
-                # The timer only marks the timeout; the rules apply the policy. The same resolution key as
-                # a human decision, so exactly one resolution of a request can exist.
-                marker = SystemMarker(kind=MarkerKind.TIMEOUT, request_id=rid, node=r.request.node)
-                await self._mark(p, to_new(marker, dedup_key=resolution_key(p.task_id, rid)))
-                caught_up = True  # the mark returned everything after the watermark
+        for rid, node in past_deadline(p, now):
+            if not p.requests[rid].open:
+                continue  # resolved by what the previous mark returned
+            # The timer only marks the timeout; the rules apply the policy. The same resolution key as a human
+            # decision, so exactly one resolution of a request can exist.
+            marker = SystemMarker(kind=MarkerKind.TIMEOUT, request_id=rid, node=node)
+            await self._mark(p, to_new(marker, dedup_key=resolution_key(p.task_id, rid)))
+            caught_up = True  # the mark returned everything after the watermark
         if not caught_up:
             new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
             self._apply(p, new)

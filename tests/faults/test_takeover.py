@@ -14,8 +14,8 @@ from faultkit import (
     resolutions,
 )
 
-from ledgerflow.config import Settings
 from ledgerflow.people import send, signed_payload
+from runtime.settings import Settings
 
 
 @pytest.mark.parametrize("point", ["polling", "artifact_staged"])

@@ -16,11 +16,9 @@ from typing import Any
 from rules.actions import (
     Action,
     Dispatch,
-    Escalate,
     HumanDecisionType,
     HumanRequest,
     RequestKind,
-    Rollback,
     StaticGate,
     SuspendForHuman,
 )
@@ -40,6 +38,7 @@ from rules.events import (
     SystemMarker,
     TaskCreated,
     Verdict,
+    effect_of,
     to_new,
 )
 from rules.plan import REVIEW, Plan, validate_plan
@@ -279,26 +278,8 @@ class History:
     def record(self, rule: str, action: Action) -> History:
         """Record a decided action the way the workflow does: the INTENT and, if any, its effect event."""
         self.intent(action, rule=rule)
-        match action:
-            case Rollback():
-                self.append(
-                    RollbackDone(
-                        targets=action.targets,
-                        invalidated=action.invalidated,
-                        flagged=action.flagged,
-                        round=action.round,
-                        reason=action.reason,
-                    )
-                )
-            case Escalate():
-                self.append(
-                    Escalation(
-                        reason=action.reason,
-                        terminal=action.terminal,
-                        request_id=action.request.id if action.request else None,
-                        resolves=action.resolves,
-                    )
-                )
+        if (effect := effect_of(action)) is not None:
+            self.append(effect[1])
         return self
 
     def act(self, now: datetime | None = None) -> tuple[str, Action]:

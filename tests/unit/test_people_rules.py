@@ -13,28 +13,30 @@ from typing import Any
 import pytest
 from helpers import T0, TASK, History, make_plan, stage, until
 
+from ledgerflow.queue import (
+    QueueItem,
+    dead_letters,
+    group,
+    open_items,
+    order,
+    request_detail,
+    root_cause,
+    suggestion,
+)
 from rules.actions import Escalate, HumanDecisionType, RequestKind, SuspendForHuman
 from rules.events import FailureKind, HumanDecision, MarkerKind, SystemMarker
 from rules.people import (
-    QueueItem,
     Ruling,
     allowed_approvers,
     canonical,
     conflict,
     context_package,
-    dead_letters,
     decision_ref,
     evaluate,
-    group,
-    open_items,
-    order,
     parse_decision,
-    request_detail,
     resolution_key,
     resolutions,
-    root_cause,
     sign,
-    suggestion,
 )
 from rules.plan import PlanError, Value, validate_plan
 from vendors.routes import DEFAULT_ROUTES

@@ -39,8 +39,6 @@ from activities.operation import Operation
 from activities.stages import StageActivities
 from artifacts.local import LocalStore
 from ledger.recorder import Recorder
-from ledgerflow import faults
-from ledgerflow.faults import SimulatedCrash
 from rules.actions import Dispatch
 from rules.envelope import StoredEvent
 from rules.events import (
@@ -57,6 +55,8 @@ from rules.events import (
 )
 from rules.keys import created_key, intent_key, operation_key, result_key
 from rules.plan import Plan
+from runtime import faults
+from runtime.faults import SimulatedCrash
 from vendors.adapter import VendorAdapter, mode_of
 from vendors.registry import Adapters
 from vendors.routes import RouteSpec, VendorMode
