@@ -30,6 +30,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.boundary import NotYetProvable, RoutePaused, cross
+from activities.models import StageInput
 from artifacts.store import ArtifactStore
 from ledger.errors import DuplicateEvent, LedgerError, StaleEpoch
 from ledger.recorder import Recorder
@@ -340,16 +341,10 @@ async def heartbeating() -> AsyncIterator[Heartbeat]:
 
 
 async def recorded(
-    recorder: Recorder,
-    *,
-    task_id: str,
-    epoch: int,
-    intent: NewEvent | None,
-    reserve: Decimal,
-    body: Callable[[], Awaitable[StoredEvent]],
+    recorder: Recorder, inp: StageInput, body: Callable[[], Awaitable[StoredEvent]]
 ) -> StoredEvent | list[StoredEvent]:
-    """An executor activity's whole run for a dispatch whose INTENT it writes (``intent``; None: the workflow
-    wrote it, and the body's result is returned as before).
+    """An executor activity's whole run for a dispatch whose INTENT it writes (``inp.intent``; None: the
+    workflow wrote it, and the body's result is returned as before).
 
     The INTENT is the activity's first step: one fenced append that reserves on every budget scope, refused
     if another run holds the task (StaleEpoch), a scope is short (BudgetRefused: nothing written, the loop
@@ -360,12 +355,18 @@ async def recorded(
     (Returning every row since the loop's watermark instead, to spare the read a small fan-out's interleaved
     rows cause, saved no history events in ``make bench`` and doubled E001's history.)
     """
+    intent, task_id = inp.intent, inp.task_id
     if intent is None:
         return await body()
     assert intent.operation_key is not None
     try:
         rows = await asyncio.to_thread(
-            recorder.append_fenced, task_id, epoch, [intent], reserve=reserve, unless=closing_key(task_id)
+            recorder.append_fenced,
+            task_id,
+            inp.epoch,
+            [intent],
+            reserve=inp.estimate,
+            unless=closing_key(task_id),
         )
         mark("intent_recorded", task=task_id, op=intent.operation_key)
     except DuplicateEvent:

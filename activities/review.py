@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -147,19 +147,7 @@ class ReviewActivities:
     async def compose(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Assemble the business outputs: the episode itself where the plan says how, else a manifest."""
         op = self._operation(inp, inp.estimate)
-        return await self._recorded(inp, lambda: op.run(lambda state, beat: self._compose(op, inp)))
-
-    async def _recorded(
-        self, inp: StageInput, body: Callable[[], Awaitable[StoredEvent]]
-    ) -> StoredEvent | list[StoredEvent]:
-        return await recorded(
-            self.recorder,
-            task_id=inp.task_id,
-            epoch=inp.epoch,
-            intent=inp.intent,
-            reserve=inp.estimate,
-            body=body,
-        )
+        return await recorded(self.recorder, inp, lambda: op.run(lambda state, beat: self._compose(op, inp)))
 
     async def _compose(self, op: Operation, inp: StageInput) -> StoredEvent:
         p = await self._projection(inp.task_id)
@@ -213,8 +201,8 @@ class ReviewActivities:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
         op = self._operation(inp, inp.estimate)
         # A retry after the verdict was recorded returns it: the judgement is never paid for twice.
-        return await self._recorded(
-            inp, lambda: op.run(lambda state, beat: self._review(op, state, inp, beat))
+        return await recorded(
+            self.recorder, inp, lambda: op.run(lambda state, beat: self._review(op, state, inp, beat))
         )
 
     async def _review(

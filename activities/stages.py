@@ -124,14 +124,7 @@ class StageActivities:
     async def run(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Write the dispatch's INTENT (where the workflow left it to the executor), then run (or resume) the
         attempt; returns the operation's rows (or, for an INTENT the workflow wrote, its resolution)."""
-        return await recorded(
-            self.recorder,
-            task_id=inp.task_id,
-            epoch=inp.epoch,
-            intent=inp.intent,
-            reserve=inp.estimate,
-            body=lambda: self._run(inp),
-        )
+        return await recorded(self.recorder, inp, lambda: self._run(inp))
 
     async def _run(self, inp: StageInput) -> StoredEvent:
         op = self._operation(inp, inp.executor)

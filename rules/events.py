@@ -252,21 +252,7 @@ Event = (
     | Escalation
     | PartialResolution
 )
-LedgerEvent = Annotated[
-    TaskCreated
-    | Intent
-    | Decision
-    | Outcome
-    | ExecutionResult
-    | Progress
-    | Failure
-    | SystemMarker
-    | HumanDecision
-    | RollbackDone
-    | Escalation
-    | PartialResolution,
-    Field(discriminator="type"),
-]
+LedgerEvent = Annotated[Event, Field(discriminator="type")]
 EVENT_TYPES = (
     "TaskCreated",
     "Intent",
