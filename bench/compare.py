@@ -254,6 +254,20 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
         f"   ({e001_nodes} nodes, one task)"
     )
     print()
+    if "ledgerflow" in med_l and "bare+2" in med_l:
+        per_node = statistics.median(x.events for x in shapes["ledgerflow"]) / nodes["ledgerflow"]
+        checks = [
+            ("latency vs bare+2", med_l["ledgerflow"] / med_l["bare+2"], "<=", 1.10),
+            ("throughput vs bare+2", med_t["ledgerflow"] / med_t["bare+2"], ">=", 0.90),
+            ("worker CPU vs bare+2", cpu["ledgerflow"]["worker"] / cpu["bare+2"]["worker"], "<=", 1.30),
+            ("history events per node, bench DAG", per_node, "<=", 6.0),
+            ("history events per node, E001", e001.events / e001_nodes, "<=", 6.0),
+        ]
+        print("targets:")
+        for name, got, op, bound in checks:
+            ok = got <= bound if op == "<=" else got >= bound
+            print(f"  {name:36} {got:6.2f}  {op} {bound:<5}  {'met' if ok else 'NOT MET'}")
+        print()
     for base in ("bare", "bare+2") if "ledgerflow" in med_l and "bare" in med_l else ():
         print(
             f"ledgerflow / {base:7} latency {med_l['ledgerflow'] / med_l[base]:.2f}x   "

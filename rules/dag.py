@@ -37,6 +37,7 @@ class Graph:
     stage_nodes: dict[str, tuple[str, ...]]
     stage_deps: dict[str, tuple[str, ...]]  # stage -> the stages it depends on
     stage_dependents: dict[str, tuple[str, ...]]  # stage -> the stages that depend on it
+    stage_order: tuple[str, ...]  # the stages in the order their nodes come in ``nodes`` (topological)
     _desc_cache: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
 
     def stage_of(self, node: str) -> str:
@@ -88,7 +89,8 @@ def node_id(stage_id: str, item: str | None) -> str:
 def build_graph(plan: Plan) -> Graph:
     """Expand a validated plan into its node graph."""
     stages = plan.all_stages()
-    stage_nodes = {s.id: tuple(node_id(s.id, i) for i in s.items()) or (s.id,) for s in stages}
+    items_of = {s.id: s.items() or (None,) for s in stages}  # a stage's items, expanded once
+    stage_nodes = {s.id: tuple(node_id(s.id, i) for i in items_of[s.id]) for s in stages}
     level: dict[str, int] = {}
     for s in stages:  # a plan may list a stage before its dependencies: order nodes by depth
         level[s.id] = _depth(s.id, {x.id: x for x in stages}, level)
@@ -96,9 +98,7 @@ def build_graph(plan: Plan) -> Graph:
     nodes: dict[str, NodeSpec] = {}
     for s in ordered:
         deps = tuple(n for d in s.depends_on for n in stage_nodes[d])  # one tuple for all the stage's nodes
-        items: tuple[str | None, ...] = s.items() or (None,)
-        for item in items:
-            nid = node_id(s.id, item)
+        for nid, item in zip(stage_nodes[s.id], items_of[s.id], strict=True):
             nodes[nid] = NodeSpec(id=nid, stage=s, item=item, deps=deps, order=len(nodes))
     dependents: dict[str, list[str]] = {s.id: [] for s in ordered}
     for s in ordered:
@@ -107,6 +107,7 @@ def build_graph(plan: Plan) -> Graph:
     return Graph(
         nodes=nodes,
         stage_nodes=stage_nodes,
+        stage_order=tuple(s.id for s in ordered),
         stage_deps={s.id: tuple(s.depends_on) for s in ordered},
         stage_dependents={k: tuple(v) for k, v in dependents.items()},
     )

@@ -275,21 +275,18 @@ def new_projection(created: StoredEvent) -> Projection:
         created_at=created.recorded_at,
         ceiling=event.plan.budget_ceiling,
     )
-    for sid, ids in graph.stage_nodes.items():
-        approval = graph.nodes[ids[0]].stage.approval
+    # Node order (topological) is the order the rules iterate in; every node starts idle.
+    p.nodes = {
+        n: NodeView(
+            id=n, stage=spec.stage.id, order=spec.order, needs_approval=spec.stage.approval, indexed=_IDLE
+        )
+        for n, spec in graph.nodes.items()
+    }
+    for sid in graph.stage_order:
+        ids = graph.stage_nodes[sid]
         p.unfinished[sid], p.idle[sid], p.running[sid] = len(ids), set(ids), set()
-        for n in ids:
-            p.nodes[n] = NodeView(id=n, stage=sid, order=graph.nodes[n].order, needs_approval=approval)
-            p.nodes[n].indexed = _IDLE
-    p.nodes = {n: p.nodes[n] for n in graph.nodes}  # node order (topological), which the rules iterate in
-    p.idle = {sid: p.idle[sid] for sid in _stage_order(graph)}
     p.watermark = created.seq
     return p
-
-
-def _stage_order(graph: Graph) -> list[str]:
-    """The stages in the order their nodes come in ``graph.nodes`` (topological)."""
-    return list(dict.fromkeys(spec.stage.id for spec in graph.nodes.values()))
 
 
 def fold(events: Iterable[StoredEvent]) -> Projection:
