@@ -30,8 +30,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
     # passing them through keeps pydantic's model classes identical inside and outside the sandbox. pydantic
-    # itself too: imported fresh in every run's sandbox, it (and the models built on it) cost more CPU than
-    # the rest of a workflow run (make bench).
+    # itself too, so a run's sandbox does not import it again (no CPU change measurable in make bench).
     from pydantic import BaseModel
 
     from activities.boundary import NON_RETRYABLE as EXECUTOR_NON_RETRYABLE
