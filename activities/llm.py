@@ -25,7 +25,6 @@ from activities.operation import heartbeating
 from ledger.errors import StaleEpoch
 from ledger.recorder import Recorder
 from rules.actions import Action
-from rules.envelope import StoredEvent
 from rules.events import Decision, to_new
 from rules.keys import decision_key
 from rules.llm import Proposal, check_llm_action, parse_proposal
@@ -212,19 +211,6 @@ class LlmActivities:
         assert inp.decided_at is not None
         events = await asyncio.to_thread(self.recorder.read_events, inp.task_id)
         p = fold(e for e in events if e.seq <= inp.watermark)
-        new = to_new(decision, dedup_key=dedup)
-        apply(
-            p,
-            StoredEvent(
-                task_id=inp.task_id,
-                seq=inp.watermark + 1,  # where the workflow will find it (nothing else is written meanwhile)
-                type=new.type,
-                schema_version=new.schema_version,
-                epoch=0,
-                dedup_key=dedup,
-                operation_key=None,
-                payload=new.payload,
-                recorded_at=inp.decided_at,
-            ),
-        )
+        # At seq watermark + 1: where the workflow will find it (nothing else is written meanwhile).
+        apply(p, to_new(decision, dedup_key=dedup).stored(inp.task_id, inp.watermark + 1, 0, inp.decided_at))
         return check_llm_action(p, proposal.model_dump(), inp.decided_at)

@@ -69,17 +69,7 @@ class Ledger:
     def _stored(self, new: Any) -> StoredEvent:
         self.seq += 1
         self.now += timedelta(milliseconds=10)
-        return StoredEvent(
-            task_id=self.task_id,
-            seq=self.seq,
-            type=new.type,
-            schema_version=new.schema_version,
-            epoch=1,
-            dedup_key=new.dedup_key,
-            operation_key=new.operation_key,
-            payload=new.payload,
-            recorded_at=self.now,
-        )
+        return new.stored(self.task_id, self.seq, 1, self.now)
 
     def append(self, event: Any, key: str, op: str | None = None) -> None:
         stored = self._stored(to_new(event, dedup_key=key, operation_key=op))

@@ -21,6 +21,21 @@ class NewEvent(BaseModel, frozen=True):
     schema_version: int = 1
     payload: dict[str, Any] = Field(default_factory=dict)
 
+    def stored(self, task_id: str, seq: int, epoch: int, recorded_at: datetime) -> StoredEvent:
+        """This event as the ledger would hold it at ``seq`` (for folds that run ahead of the ledger: the LLM
+        planner's check, the rule tests' histories, the decision benchmark)."""
+        return StoredEvent(
+            task_id=task_id,
+            seq=seq,
+            type=self.type,
+            schema_version=self.schema_version,
+            epoch=epoch,
+            dedup_key=self.dedup_key,
+            operation_key=self.operation_key,
+            payload=self.payload,
+            recorded_at=recorded_at,
+        )
+
 
 class StoredEvent(BaseModel, frozen=True):
     """An event as the ledger holds it. ``recorded_at`` is the database server's clock."""

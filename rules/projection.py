@@ -98,7 +98,9 @@ class OutputView:
         return self.input_hash is not None and not self.flagged and not self.lost
 
 
+# A node's index memberships (``_flags``): (done, idle, running, failed, unapproved, stale).
 _NOT_INDEXED: tuple[bool, ...] = (False,) * 6
+_IDLE: tuple[bool, ...] = (False, True, False, False, False, False)  # how every node starts
 
 
 @dataclass(slots=True)
@@ -597,15 +599,12 @@ def _spend(p: Projection, node: NodeView | None, amount: Decimal, *, inference: 
 
 
 # ── the node indexes ───────────────────────────────────────────────────────────────────────────────────
-_IDLE = (False, True, False, False, False, False)
-
-
 def _flags(n: NodeView) -> tuple[bool, ...]:
     """(done, idle, running, failed, unapproved, stale): which index sets the node belongs in."""
     status = n.status
     succeeded = status == NodeStatus.SUCCEEDED
     return (
-        succeeded and (n.approved or not n.needs_approval),
+        n.done,
         status in (NodeStatus.PENDING, NodeStatus.STALE) and not n.in_flight,
         n.in_flight,
         status == NodeStatus.FAILED,

@@ -172,11 +172,19 @@ class Ledgerflow:
     def plan(self, text: str, task_id: str | None = None) -> Plan:
         return load_plan(text, self.settings.route_table().names(), task_id=task_id or new_task_id())
 
-    async def start(self, plan: Plan) -> WorkflowHandle[Any, TaskResult]:
+    async def start(
+        self, plan: Plan, heartbeat_timeout_seconds: float | None = None
+    ) -> WorkflowHandle[Any, TaskResult]:
+        """Start the task (with the executors' heartbeat timeout given, if not the default)."""
         assert plan.task_id is not None
+        beat = (
+            {}
+            if heartbeat_timeout_seconds is None
+            else {"heartbeat_timeout_seconds": heartbeat_timeout_seconds}
+        )
         handle = await self.client.start_workflow(
             TaskWorkflow.run,
-            TaskInput(task_id=plan.task_id, plan=plan),
+            TaskInput(task_id=plan.task_id, plan=plan, **beat),
             id=workflow_id(plan.task_id),
             task_queue=self.task_queue,
         )

@@ -419,11 +419,14 @@ class TaskWorkflow:
     def _unadopted(self, p: Projection) -> list[Dispatch | StaticGate]:
         """Every INTENT on record without a resolution and without an executor in this run (nodes first, then
         gates: the order their executors are started in)."""
+        # Runs every iteration: filter before ordering (normally nothing is left to order).
+        waiting = (
+            n for ids in p.running.values() for n in ids if p.nodes[n].operation_key not in self._started
+        )
         actions: list[Dispatch | StaticGate] = []
-        for n in p.in_flight():
-            if n.operation_key not in self._started:
-                assert n.dispatch is not None  # an operation in flight always has its recorded Dispatch
-                actions.append(n.dispatch)
+        for n in p.in_order(waiting):
+            assert n.dispatch is not None  # an operation in flight always has its recorded Dispatch
+            actions.append(n.dispatch)
         return actions + [g for g in p.gate_pending.values() if g.operation_key not in self._started]
 
     def _adopt_open_operations(self, p: Projection) -> None:

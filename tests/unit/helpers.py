@@ -93,19 +93,7 @@ class History:
         seq = len(self.events) + 1
         new = to_new(event, dedup_key=dedup_key or f"{self.task_id}:{seq}", operation_key=operation_key)
         self.now += timedelta(seconds=1)
-        self.events.append(
-            StoredEvent(
-                task_id=self.task_id,
-                seq=seq,
-                type=new.type,
-                schema_version=new.schema_version,
-                epoch=1,
-                dedup_key=new.dedup_key,
-                operation_key=new.operation_key,
-                payload=new.payload,
-                recorded_at=self.now,
-            )
-        )
+        self.events.append(new.stored(self.task_id, seq, 1, self.now))
         if self._view is None:
             self._view = new_projection(self.events[-1])
         else:

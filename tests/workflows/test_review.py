@@ -24,7 +24,6 @@ from rules.events import parse
 from rules.plan import REVIEW
 from rules.projection import fold
 from rules.recompute import recompute
-from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 
 PIPELINE = """
@@ -222,12 +221,7 @@ async def test_a_model_slower_than_the_heartbeat_timeout_is_asked_once(lf, sim):
     plan = lf.plan(PIPELINE.format(limit=2))
     assert plan.task_id is not None
     before = await chat_calls(sim)
-    handle = await lf.client.start_workflow(
-        TaskWorkflow.run,
-        TaskInput(task_id=plan.task_id, plan=plan, heartbeat_timeout_seconds=1.0),
-        id=workflow_id(plan.task_id),
-        task_queue=lf.task_queue,
-    )
+    handle = await lf.start(plan, heartbeat_timeout_seconds=1.0)
     try:
         result = await asyncio.wait_for(handle.result(), 30)
     except TimeoutError:

@@ -12,7 +12,6 @@ from ledgerflow.audit import audit_budget
 from rules.events import parse
 from rules.plan import budget_scopes
 from rules.recompute import recompute
-from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 
 # Two independent branches: script → edit, whose static gate fails on a banned term in its request (R2 ends
@@ -37,13 +36,8 @@ async def test_a_failed_gate_with_work_in_flight_releases_every_reservation_and_
     )
     plan = lf.plan(TWO_BRANCHES.format(project=f"term{uuid.uuid4().hex[:8]}"))
     assert plan.task_id is not None
-    handle = await lf.client.start_workflow(
-        TaskWorkflow.run,
-        # A short heartbeat timeout: a cancellation reaches an executor with its next heartbeat.
-        TaskInput(task_id=plan.task_id, plan=plan, heartbeat_timeout_seconds=2.0),
-        id=workflow_id(plan.task_id),
-        task_queue=lf.task_queue,
-    )
+    # A short heartbeat timeout: a cancellation reaches an executor with its next heartbeat.
+    handle = await lf.start(plan, heartbeat_timeout_seconds=2.0)
     result = await handle.result()
 
     assert result.state == "Failed" and "compliance gate failed: edit" in result.summary["terminal_reason"]
@@ -84,12 +78,7 @@ async def test_a_task_that_closes_before_an_executor_wrote_its_intent_never_lets
     async with lf_with(max_concurrent_activities=2) as lf:
         plan = lf.plan(CROWDED)
         assert plan.task_id is not None
-        handle = await lf.client.start_workflow(
-            TaskWorkflow.run,
-            TaskInput(task_id=plan.task_id, plan=plan, heartbeat_timeout_seconds=2.0),
-            id=workflow_id(plan.task_id),
-            task_queue=lf.task_queue,
-        )
+        handle = await lf.start(plan, heartbeat_timeout_seconds=2.0)
         result = await handle.result()
         assert result.state == "Failed" and "time ceiling" in result.summary["terminal_reason"]
         stored = lf.recorder.read_events(plan.task_id)
