@@ -13,6 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Group
@@ -34,14 +35,15 @@ from rules.actions import RequestKind
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
 from rules.people import (
+    canonical,
     describe_resolution,
     parse_money,
     resolutions,
-    sign,
 )
 from rules.plan import ID_PATTERN
 from rules.projection import Projection, apply, fold
 from runtime.settings import Settings
+from runtime.signing import DEMO_APPROVERS, ApproverKey, KeyFileError, demo_key, load_key_file
 
 DECISIONS = {"approve": "approve", "resume": "resume", "abort": "abort", "add-budget": "add_budget"}
 POLL_SECONDS = 30.0
@@ -206,17 +208,17 @@ class Sent:
 
 
 def signed_payload(
-    settings: Settings,
+    key: ApproverKey,
     task_id: str,
     request_id: str,
     decision: str,
-    approver: str,
     *,
     note: str = "",
     amount: str | None = None,
+    scope: str | None = None,
     decision_id: str | None = None,
 ) -> dict[str, Any]:
-    """A decision signed with ``approver``'s key from the settings (checks the user's input first)."""
+    """A decision signed with the approver's private ``key`` (checks the user's input first)."""
     if decision not in DECISIONS:
         raise ClientError(f"decision {decision[:40]!r} is not one of {', '.join(DECISIONS)}")
     wire = DECISIONS[decision]
@@ -229,19 +231,36 @@ def signed_payload(
             raise ClientError(f"amount {amount[:40]!r} {e}") from None
     elif amount is not None:
         raise ClientError(f"--amount is only for add-budget, not {decision}")
-    key = settings.approver_key_map().get(approver)
-    if key is None:
-        raise ClientError(f"no key for approver {approver!r} (set LEDGERFLOW_APPROVER_KEYS)")
+    elif scope is not None:
+        raise ClientError(f"--scope is only for add-budget, not {decision}")
     did = decision_id or str(uuid.uuid4())
+    message = canonical(task_id, did, request_id, wire, key.approver, key.key_id, amount, scope, note)
     return {
         "decision_id": did,
         "request_id": request_id,
         "decision": wire,
-        "approver": approver,
+        "approver": key.approver,
+        "key_id": key.key_id,
         "note": note,
         "amount": amount,
-        "signature": sign(key, task_id, did, request_id, wire, approver, amount, note),
+        "scope": scope,
+        "signature": key.sign(message),
     }
+
+
+def approver_key(settings: Settings, key_file: Path | None, approver: str | None) -> ApproverKey:
+    """The key to sign with: ``key_file``, else (dev mode only) a demo approver's key. ClientError if none."""
+    if key_file is not None:
+        try:
+            key = load_key_file(key_file)
+        except KeyFileError as e:
+            raise ClientError(str(e)) from None
+        if approver is not None and approver != key.approver:
+            raise ClientError(f"key file {key_file} is {key.approver}'s, not {approver}'s")
+        return key
+    if settings.dev and approver in DEMO_APPROVERS:
+        return demo_key(approver)
+    raise ClientError("no key to sign with: pass --key-file (the approver's key file)")
 
 
 def outcome(events: list[StoredEvent], decision_id: str) -> Sent | None:
@@ -296,24 +315,32 @@ async def send(settings: Settings, task_id: str, payload: dict[str, Any]) -> Non
 
 async def decide(
     settings: Settings,
+    key: ApproverKey,
     task_id: str,
     request_id: str,
     decision: str,
-    approver: str,
     *,
     note: str = "",
     amount: str | None = None,
+    scope: str | None = None,
     timeout: float = POLL_SECONDS,
 ) -> Sent:
     """Sign, send, and wait (up to ``timeout``) for the worker's ruling in the ledger."""
-    payload = signed_payload(settings, task_id, request_id, decision, approver, note=note, amount=amount)
+    payload = signed_payload(key, task_id, request_id, decision, note=note, amount=amount, scope=scope)
+    return await relay(settings, task_id, payload, timeout=timeout)
+
+
+async def relay(settings: Settings, task_id: str, payload: dict[str, Any], *, timeout: float = POLL_SECONDS) -> Sent:
+    """Send a signed decision as it is (the CLI's, or one the reviewer page signed in the browser) and wait
+    (up to ``timeout``) for the worker's ruling in the ledger. ClientError if there is nothing to decide."""
     p, events = _task(settings, task_id)
+    request_id = str(payload.get("request_id", ""))
     if p.terminal:
         raise ClientError(f"task {task_id} is {p.state.value}: nothing to decide")
     if request_id not in p.requests:
-        raise ClientError(f"no request {request_id!r} in task {task_id}")
+        raise ClientError(f"no request {request_id[:200]!r} in task {task_id}")
     await send(settings, task_id, payload)
-    did = payload["decision_id"]
+    did = str(payload.get("decision_id", ""))
     rec = recorder(settings)
     try:
         deadline = time.monotonic() + timeout

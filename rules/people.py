@@ -16,15 +16,16 @@ function. Keys never appear in a workflow argument, result or error.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
 from rules.actions import HumanDecisionType, RequestKind
+from rules.approvers import KEY_ID, KeyRecord, refusal
 from rules.envelope import StoredEvent
 from rules.events import (
     HumanDecision,
@@ -34,12 +35,23 @@ from rules.events import (
 )
 from rules.keys import rejected_key, resolution_key
 from rules.money import parse_amount
-from rules.plan import COMPOSE, ApprovalPolicy
+from rules.plan import COMPOSE, ApprovalPolicy, budget_scopes
 from rules.projection import Projection, RequestView
 
 # ── signing ──────────────────────────────────────────────────────────────────────────────────────────
 
-FIELDS: Final = ("decision_id", "request_id", "decision", "approver", "note", "amount", "signature")
+FIELDS: Final = (
+    "decision_id",
+    "request_id",
+    "decision",
+    "approver",
+    "key_id",
+    "note",
+    "amount",
+    "scope",
+    "signature",
+)
+CANONICAL_VERSION: Final = "ledgerflow-decision-v2"
 MAX_NOTE: Final = 2000
 MAX_ERROR_SHOWN: Final = 1000  # per failure in a context package
 MAX_FAILURES_SHOWN: Final = 50  # for a task-level request (no node): the most recent ones
@@ -47,8 +59,13 @@ MAX_FAILURES_SHOWN: Final = 50  # for a task-level request (no node): the most r
 _UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 _APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_SIGNATURE: Final = re.compile(r"[0-9a-f]{64}")
+_SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
 _AMOUNT: Final = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
+_SCOPE: Final = re.compile(r"(project|episode|task):[A-Za-z0-9_.:/-]{1,200}")
+
+# Verifies an Ed25519 signature: (public key hex, message, signature hex) -> valid. runtime.signing.verify in
+# the worker; passed in so that this module (imported by the workflow's sandbox) needs no C library.
+Verify = Callable[[str, str, str], bool]
 
 
 def canonical(
@@ -57,28 +74,17 @@ def canonical(
     request_id: str,
     decision: str,
     approver: str,
+    key_id: str,
     amount: str | None,
+    scope: str | None,
     note: str,
 ) -> str:
-    """The signed message. Every field but ``note`` is newline-free, and ``note`` comes last, so two different
-    decisions can never produce the same message. The task id is signed but not sent: a decision signed for
-    one task fails verification in every other."""
-    return "\n".join([task_id, decision_id, request_id, str(decision), approver, amount or "", note])
-
-
-def sign(
-    key: str,
-    task_id: str,
-    decision_id: str,
-    request_id: str,
-    decision: str,
-    approver: str,
-    amount: str | None,
-    note: str,
-) -> str:
-    """HMAC-SHA256 of :func:`canonical` with the approver's key, as lowercase hex."""
-    message = canonical(task_id, decision_id, request_id, decision, approver, amount, note)
-    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+    """The signed message (UTF-8): a version line, then one field per line. Every field but ``note`` is
+    newline-free, and ``note`` comes last, so two different decisions never produce the same message. The
+    task id is signed but not sent: a decision signed for one task fails verification in every other.
+    The reviewer page builds the same string in the browser (``ledgerflow/review/static/review.js``)."""
+    fields = [task_id, decision_id, request_id, str(decision), approver, key_id, amount or "", scope or "", note]
+    return "\n".join([CANONICAL_VERSION, *fields])
 
 
 def decision_ref(raw: Any) -> str:
@@ -102,9 +108,25 @@ class SignedDecision:
     request_id: str
     decision: HumanDecisionType
     approver: str
+    key_id: str
     note: str
     amount: str | None
+    scope: str | None
     signature: str
+
+    def message(self, task_id: str) -> str:
+        """The canonical message this decision's signature must be over."""
+        return canonical(
+            task_id,
+            self.decision_id,
+            self.request_id,
+            self.decision.value,
+            self.approver,
+            self.key_id,
+            self.amount,
+            self.scope,
+            self.note,
+        )
 
 
 def parse_decision(raw: Any) -> SignedDecision | str:
@@ -122,8 +144,10 @@ def parse_decision(raw: Any) -> SignedDecision | str:
         ("request_id", _REQUEST_ID, True),
         ("decision", None, True),
         ("approver", _APPROVER, True),
+        ("key_id", KEY_ID, True),
         ("note", None, False),
         ("amount", _AMOUNT, False),
+        ("scope", _SCOPE, False),
         ("signature", _SIGNATURE, True),
     )
     for name, pattern, required in checks:
@@ -148,8 +172,10 @@ def parse_decision(raw: Any) -> SignedDecision | str:
         request_id=raw["request_id"],
         decision=HumanDecisionType(decision),
         approver=raw["approver"],
+        key_id=raw["key_id"],
         note=note,
         amount=raw.get("amount"),
+        scope=raw.get("scope"),
         signature=raw["signature"],
     )
 
@@ -158,8 +184,10 @@ _SHAPES: Final = {
     "decision_id": "a lowercase UUID",
     "request_id": "a request id",
     "approver": "a valid approver name",
+    "key_id": "a key id",
     "amount": "a decimal string",
-    "signature": "64 lowercase hex digits",
+    "scope": "a budget scope (project:P, episode:P/E or task:T)",
+    "signature": "128 lowercase hex digits (an Ed25519 signature)",
 }
 
 
@@ -199,7 +227,7 @@ class Ruling:
     request_id: str | None = None
     node: str | None = None
     decision: HumanDecision | None = None  # accepted: append under the resolution key
-    raise_ceiling: Decimal | None = None  # an accepted add_budget: the task scope's ceiling rises by this
+    raise_ceiling: tuple[str, Decimal] | None = None  # an accepted add_budget: (scope, amount) to raise
     rejection: str | None = None  # refused: append a REJECTED_INPUT marker with this reason
     duplicate: bool = False  # this very decision is already the request's resolution: record nothing
 
@@ -243,15 +271,25 @@ def describe_resolution(stored: StoredEvent) -> str:
     return f"{stored.type} #{stored.seq}"
 
 
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """What :func:`evaluate` authenticates with: the registry's keys and the verifier (runtime.signing)."""
+
+    registry: Mapping[str, KeyRecord]
+    verify: Verify
+
+
 def evaluate(
     task_id: str,
     raw: Any,
     p: Projection,
-    keys: Mapping[str, str],
+    keys: Keys,
+    received_at: datetime,
     resolved: Mapping[str, StoredEvent] | None = None,
 ) -> Ruling:
-    """Rule on one raw decision against the task's fold ``p`` and the approvers' ``keys``.
+    """Rule on one raw decision against the task's fold ``p`` and the approver key registry.
 
+    ``received_at`` is when the decision reached the workflow (a key is judged valid or expired as of then).
     ``resolved`` maps request ids to their resolution events (:func:`resolutions`), to tell a repeat of the
     decision that resolved a request (a duplicate: nothing to record) from a late or conflicting one.
     """
@@ -268,20 +306,32 @@ def evaluate(
     if isinstance(parsed, str):
         return refuse(parsed)
     d = parsed
-    # Authentication: a key for this approver, and a signature over this task's canonical message.
-    key = keys.get(d.approver)
+    # Authentication: a registered key, and its signature over this task's canonical message.
+    key = keys.registry.get(d.key_id)
     if key is None:
-        return refuse(f"unknown approver {d.approver!r}")
-    expected = sign(key, task_id, d.decision_id, d.request_id, d.decision, d.approver, d.amount, d.note)
-    if not hmac.compare_digest(expected, d.signature):
+        return refuse(f"unknown key {d.key_id!r} (not in the approver key registry)")
+    if not keys.verify(key.public_key, d.message(task_id), d.signature):
         return refuse(
-            f"bad signature for approver {d.approver!r} (forged, altered or signed for another task)"
+            f"bad signature for key {d.key_id!r} (forged, altered or signed for another task)"
         )
     if view is None:
         return refuse(f"no request {d.request_id!r} in task {task_id}")
-    # Authorisation: the plan names who may decide.
+    chain = [s for s, _ in budget_scopes(p.plan, task_id)]
+    task_scope = chain[-1]
+    scope = task_scope
+    if d.decision == HumanDecisionType.ADD_BUDGET:
+        scope = d.scope or view.request.budget_scope or task_scope
+        if scope not in chain:
+            return refuse(f"scope {scope} is not one of this task's budgets ({', '.join(chain)})")
+    elif d.scope is not None:
+        return refuse(f"a scope is only for add_budget, not {d.decision.value}")
+    # Authorisation: the key's own limits (approver, validity, request kinds, scopes) …
+    why = refusal(key, approver=d.approver, kind=view.request.kind.value, chain=chain, scope=scope, at=received_at)
+    if why is not None:
+        return refuse(why)
+    # … and the plan's: who may decide this kind of request.
     allowed = allowed_approvers(p.plan.approval, view.request.kind)
-    if allowed and d.approver not in allowed:
+    if allowed and d.approver not in allowed and not _backup_may(p, view, d.approver):
         return refuse(
             f"{d.approver} may not decide {view.request.kind.value} requests (allowed: {', '.join(allowed)})"
         )
@@ -314,9 +364,18 @@ def evaluate(
         approver=d.approver,
         note=d.note,
         amount=amount,
+        scope=scope if amount is not None else None,
         decision_id=d.decision_id,
+        key_id=d.key_id,
     )
-    return Ruling(task_id=task_id, ref=ref, request_id=rid, node=node, decision=event, raise_ceiling=amount)
+    raised = None if amount is None else (scope, amount)
+    return Ruling(task_id=task_id, ref=ref, request_id=rid, node=node, decision=event, raise_ceiling=raised)
+
+
+def _backup_may(p: Projection, view: RequestView, approver: str) -> bool:
+    """A named backup approver may decide a request once it was offered to the backups (its first deadline
+    passed unanswered)."""
+    return view.offered_to_backups and approver in p.plan.approval.backups
 
 
 def conflict(task_id: str, raw: Any, existing: StoredEvent) -> Ruling:

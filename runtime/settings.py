@@ -19,7 +19,6 @@ from vendors.routes import RouteError, RouteTable, VendorMode, load_table
 
 STATE_DIR = Path(".ledgerflow")
 STACK_FILE = STATE_DIR / "stack.json"
-DEMO_APPROVER_KEYS = '{"director": "director-demo-key", "producer": "producer-demo-key"}'
 
 
 class Settings(BaseSettings):
@@ -59,10 +58,12 @@ class Settings(BaseSettings):
     routes_file: Path | None = None
     # How long a worker may go silent before Temporal gives its activity to another worker.
     heartbeat_timeout_seconds: float = 30.0
-    # Approver name -> signing key, as a JSON object (env LEDGERFLOW_APPROVER_KEYS). A person's decision must
-    # be signed with their key (rules.people.sign); the worker verifies it inside the people.record activity.
-    # The default holds the demo's two approvers only.
-    approver_keys: SecretStr = SecretStr(DEMO_APPROVER_KEYS)
+    # ``dev`` (LEDGERFLOW_ENV=dev: the embedded stack writes it into stack.json, the tests set it) allows the
+    # demo approver keys and default secrets; anything else is production, where they are refused.
+    env: str | None = None
+    # The reviewer page's login tokens: approver name -> token, as a JSON object (LEDGERFLOW_REVIEW_TOKENS).
+    # A token only logs a person in: every decision is still signed in their browser with their own key.
+    review_tokens: SecretStr = SecretStr("{}")
 
     def route_table(self) -> RouteTable:
         """This deployment's routes. ConfigError (one line) if the route file is unusable."""
@@ -116,18 +117,24 @@ class Settings(BaseSettings):
     def resolved_llm_url(self) -> str:
         return self.llm_url or self.resolved_vendor_url()
 
-    def approver_key_map(self) -> dict[str, str]:
-        """The approver keys as a mapping. ConfigError (naming no key) if the setting is not a JSON object of
-        non-empty strings."""
+    @property
+    def dev(self) -> bool:
+        """Dev mode: LEDGERFLOW_ENV=dev, or the embedded stack's stack.json says so."""
+        return (self.env or str(self.stack().get("env") or "")) == "dev"
+
+    def review_token_map(self) -> dict[str, str]:
+        """The reviewer page's tokens. ConfigError (naming no token) if not a JSON object of non-empty strings."""
         try:
-            keys = json.loads(self.approver_keys.get_secret_value())
+            tokens = json.loads(self.review_tokens.get_secret_value())
         except ValueError:
-            raise ConfigError("LEDGERFLOW_APPROVER_KEYS is not valid JSON") from None
-        if not isinstance(keys, dict) or not all(
-            isinstance(k, str) and k and isinstance(v, str) and v for k, v in keys.items()
+            raise ConfigError("LEDGERFLOW_REVIEW_TOKENS is not valid JSON") from None
+        if not isinstance(tokens, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and len(v) >= 16 for k, v in tokens.items()
         ):
-            raise ConfigError("LEDGERFLOW_APPROVER_KEYS must be a JSON object of approver name -> key")
-        return keys
+            raise ConfigError(
+                "LEDGERFLOW_REVIEW_TOKENS must be a JSON object of approver name -> token (16+ characters)"
+            )
+        return tokens
 
 
 class ConfigError(Exception):

@@ -1,0 +1,119 @@
+"""The approver key registry, the pure part: what a registered key allows.
+
+Approvers sign decisions with Ed25519 private keys that only they hold; workers hold only public keys, in a
+registry stored in the ledger's database (``ledger.schema.approver_keys``: an append-only log of ``add`` and
+``revoke`` entries, written only by ``ledgerflow keys``). :func:`registry` folds that log; :func:`refusal`
+says whether one key may sign one decision, and why not. Verifying the signature itself is
+``runtime.signing`` (a C library, kept out of the workflow's sandbox, which imports this module through
+``rules.people``).
+
+A key's scopes say which tasks it may decide for and which budgets it may raise: ``*`` (everything),
+``project:P``, ``episode:P/E`` or ``task:T``. A scope covers itself and everything below it (a project its
+episodes and their tasks).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Final
+
+KEY_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SCOPE: Final = re.compile(r"\*|(project|episode|task):[A-Za-z0-9_.:/-]{1,200}")
+ANY: Final = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """One registered public key and what it may sign."""
+
+    key_id: str
+    approver: str
+    public_key: str  # raw Ed25519 public key, 64 lowercase hex digits
+    kinds: tuple[str, ...] = ()  # request kinds it may decide; empty: every kind
+    scopes: tuple[str, ...] = (ANY,)
+    not_before: datetime | None = None
+    expires_at: datetime | None = None
+    added_at: datetime | None = None
+    revoked_at: datetime | None = None
+    revoked_reason: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        def t(v: datetime | None) -> str | None:
+            return None if v is None else v.isoformat()
+
+        return {
+            "key_id": self.key_id,
+            "approver": self.approver,
+            "public_key": self.public_key,
+            "kinds": list(self.kinds),
+            "scopes": list(self.scopes),
+            "not_before": t(self.not_before),
+            "expires_at": t(self.expires_at),
+            "added_at": t(self.added_at),
+            "revoked_at": t(self.revoked_at),
+            "revoked_reason": self.revoked_reason,
+        }
+
+
+def registry(log: Iterable[Mapping[str, Any]]) -> dict[str, KeyRecord]:
+    """Fold the registry's log (rows of ``approver_keys`` in ``seq`` order) into key id -> record."""
+    keys: dict[str, KeyRecord] = {}
+    for row in log:
+        kid = row["key_id"]
+        if row["action"] == "add":
+            keys[kid] = KeyRecord(
+                key_id=kid,
+                approver=row["approver"],
+                public_key=row["public_key"],
+                kinds=tuple(row.get("kinds") or ()),
+                scopes=tuple(row.get("scopes") or (ANY,)),
+                not_before=row.get("not_before"),
+                expires_at=row.get("expires_at"),
+                added_at=row.get("recorded_at"),
+            )
+        elif row["action"] == "revoke" and kid in keys and keys[kid].revoked_at is None:
+            keys[kid] = replace(keys[kid], revoked_at=row.get("recorded_at"), revoked_reason=row.get("reason") or "")
+    return keys
+
+
+def covers_any(key_scopes: Sequence[str], scope: str, chain: Sequence[str]) -> bool:
+    """Whether any of a key's scopes covers ``scope``, one of the task's budget scopes ``chain`` (outermost
+    first): a key scope covers its own place in the chain and every scope after it."""
+    if ANY in key_scopes:
+        return True
+    if scope not in chain:
+        return False
+    below = chain[: chain.index(scope) + 1]
+    return any(s in below for s in key_scopes)
+
+
+def refusal(
+    key: KeyRecord,
+    *,
+    approver: str,
+    kind: str,
+    chain: Sequence[str],
+    scope: str,
+    at: datetime,
+) -> str | None:
+    """Why ``key`` may not sign a decision by ``approver`` on a request of ``kind`` that acts on budget scope
+    ``scope`` (the task's own scope unless the decision raises another), received at ``at``; None if it may.
+    ``chain`` is the task's budget scopes, outermost first."""
+    kid = key.key_id
+    if key.approver != approver:
+        return f"key {kid} belongs to {key.approver}, not {approver}"
+    if key.revoked_at is not None and key.revoked_at <= at:
+        why = f": {key.revoked_reason}" if key.revoked_reason else ""
+        return f"key {kid} was revoked at {key.revoked_at.isoformat()}{why}"
+    if key.not_before is not None and at < key.not_before:
+        return f"key {kid} is not valid before {key.not_before.isoformat()}"
+    if key.expires_at is not None and at >= key.expires_at:
+        return f"key {kid} expired at {key.expires_at.isoformat()}"
+    if key.kinds and kind not in key.kinds:
+        return f"key {kid} may not decide {kind} requests (allowed: {', '.join(key.kinds)})"
+    if not covers_any(key.scopes, scope, chain):
+        return f"key {kid} does not cover {scope} (scopes: {', '.join(key.scopes)})"
+    return None
