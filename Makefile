@@ -17,10 +17,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ledgerflow demo
 
+# The reviewer page's browser test drives Debian's chromium (Playwright never downloads a browser).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy rules ledger runtime reconcile activities vendors artifacts media workflows ledgerflow worker.py
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

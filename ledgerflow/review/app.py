@@ -1,0 +1,394 @@
+"""The reviewer page and its JSON API (FastAPI, server-rendered Jinja2, one hand-written script).
+
+Pages: ``/login``, ``/queue``, ``/requests/{task_id}/{request_id}``, and ``/artifacts/{task_id}/{sha256}``
+(the media the request page shows). API: ``GET /api/queue``, ``GET /api/requests/{task_id}/{request_id}``,
+``POST /api/decisions/{task_id}``. The page signs a decision in the browser (``static/review.js``) and posts
+it to the same API; the server relays it to the task's workflow as it is (``ledgerflow.people.relay``) and
+answers with the worker's ruling. No private key ever reaches the server.
+
+Errors are one line: JSON ``{"error": ...}`` under ``/api/`` and for any request with an ``Authorization``
+header (a tool), a small page otherwise; never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import Any, Final
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from artifacts import ArtifactError, ArtifactMissing, ArtifactStore, open_store, store_for_uri
+from ledger.errors import LedgerUnavailable
+from ledgerflow import people
+from ledgerflow.client import ClientError
+from ledgerflow.review import views
+from ledgerflow.review.auth import CSRF_FIELD, Auth, AuthError, Identity, RateLimiter, Session, client_of
+from rules.people import parse_decision
+from rules.plan import ID_PATTERN
+from rules.projection import TaskState
+from runtime.settings import ConfigError, Settings
+
+HERE: Final = Path(__file__).resolve().parent
+MAX_BODY: Final = 16 * 1024  # a signed decision is well under 3 KB (the note is at most 2,000 characters)
+_TASK_ID: Final = re.compile(ID_PATTERN)
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
+# Scripts, styles and media only from this origin; no inline script, no framing.
+_CSP: Final = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; media-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
+)
+
+
+class LoginRequired(Exception):
+    """A page was asked for without a login: redirect to the login form."""
+
+
+def create_app(
+    settings: Settings,
+    *,
+    tokens: dict[str, str] | None = None,
+    trusted_header: str | None = None,
+    relay_timeout: float = people.POLL_SECONDS,
+    login_rate: tuple[int, float] = (5, 12.0),
+    decision_rate: tuple[int, float] = (10, 6.0),
+) -> FastAPI:
+    """The reviewer app.
+
+    Args:
+        settings: Where the ledger, Temporal and the artifact store are.
+        tokens: Approver name -> login token; default ``settings.review_token_map()``.
+        trusted_header: For a deployment behind an authenticating proxy (OIDC, …): the request header in
+            which the proxy passes the user's approver name, trusted as is. Only set it when the proxy strips
+            that header from what clients send and nothing reaches the app except through the proxy. None
+            (the default): tokens only.
+        relay_timeout: How long a decision waits for the worker's ruling before it is answered "pending".
+        login_rate: (burst, seconds per further attempt) of login attempts and bad bearer tokens, per client
+            address.
+        decision_rate: (burst, seconds per further decision) of decisions, per approver.
+    """
+    auth = Auth(settings.review_token_map() if tokens is None else tokens, trusted_header)
+    logins = RateLimiter(*login_rate)
+    decisions = RateLimiter(*decision_rate)
+    templates = Jinja2Templates(directory=HERE / "templates")
+    templates.env.filters["age"] = _age
+
+    app = FastAPI(title="ledgerflow review", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.add_middleware(SecurityHeaders)
+
+    @cache
+    def store() -> ArtifactStore:
+        return open_store(settings.store_location())
+
+    # ── helpers ──────────────────────────────────────────────────────────────────────────────────────
+
+    def render(
+        request: Request,
+        name: str,
+        context: dict[str, Any],
+        status: int = 200,
+        identity: Identity | None = None,
+    ) -> HTMLResponse:
+        """A page, with the session's CSRF token; a first visit gets its (not yet logged-in) session."""
+        session = auth.session(request)
+        fresh = session is None
+        if session is None:
+            session = Session.new()
+        response = templates.TemplateResponse(
+            request,
+            name,
+            {
+                "csrf": session.csrf,
+                "approver": identity.approver if identity else None,
+                "via": identity.via if identity else None,
+                "root": request.scope.get("root_path", ""),
+                **context,
+            },
+            status_code=status,
+        )
+        if fresh:
+            auth.set_cookie(request, response, session)
+        return response
+
+    def page_identity(request: Request) -> Identity:
+        identity = auth.identify(request, logins)
+        if identity is None:
+            raise LoginRequired
+        return identity
+
+    def api_identity(request: Request) -> Identity:
+        identity = auth.identify(request, logins)
+        if identity is None:
+            raise AuthError(401, "not logged in: send Authorization: Bearer <token>")
+        return identity
+
+    def failure(
+        request: Request, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> Response:
+        if request.url.path.startswith("/api/") or "authorization" in request.headers:  # a tool, not a page
+            return JSONResponse({"error": message}, status_code=status, headers=headers)
+        identity = None
+        with contextlib.suppress(AuthError):  # an error page shows who is logged in, if anyone
+            identity = auth.identify(request, None)
+        response = render(request, "error.html", {"status": status, "message": message}, status, identity)
+        response.headers.update(headers or {})
+        return response
+
+    # ── errors: one line, a proper status, never a traceback ─────────────────────────────────────────
+
+    @app.exception_handler(LoginRequired)
+    async def _login(request: Request, exc: LoginRequired) -> Response:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
+
+    @app.exception_handler(AuthError)
+    async def _auth(request: Request, exc: AuthError) -> Response:
+        return failure(request, exc.status, str(exc), exc.headers)
+
+    @app.exception_handler(ClientError)
+    async def _client(request: Request, exc: ClientError) -> Response:
+        return failure(request, client_status(str(exc)), str(exc))
+
+    @app.exception_handler(ConfigError)
+    async def _config(request: Request, exc: ConfigError) -> Response:
+        return failure(request, 503, str(exc))
+
+    @app.exception_handler(LedgerUnavailable)
+    async def _ledger(request: Request, exc: LedgerUnavailable) -> Response:
+        return failure(request, 503, str(exc).splitlines()[0][:300])
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        message = exc.detail if isinstance(exc.detail, str) else "bad request"
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no page {request.url.path[:200]}"
+        return failure(request, exc.status_code, message, dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return failure(request, 400, f"bad request: {where} {first.get('msg', '')}".strip())
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        # Starlette raises the exception again once this answer is sent, so the server logs its traceback.
+        return failure(request, 500, f"internal error ({type(exc).__name__}); the server log has the details")
+
+    # ── login ────────────────────────────────────────────────────────────────────────────────────────
+
+    @app.get("/", include_in_schema=False)
+    def home(request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        target = "/queue" if auth.identify(request, logins) else "/login"
+        return RedirectResponse(root + target, status_code=303)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)  # browsers ask for one; a 404 would be noise in their console
+
+    @app.get("/login")
+    def login_form(request: Request) -> Response:
+        identity = auth.identify(request, logins)
+        return render(request, "login.html", {"error": None}, identity=identity)
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        csrf, token = form.get(CSRF_FIELD), form.get("token")
+        auth.check_csrf(request, None, csrf if isinstance(csrf, str) else "")
+        logins.check(f"login:{client_of(request)}", "login attempts")
+        approver = auth.approver_for(token) if isinstance(token, str) and token else None
+        if approver is None:
+            return render(request, "login.html", {"error": "unknown token"}, 401)
+        response = RedirectResponse(f"{request.scope.get('root_path', '')}/queue", status_code=303)
+        auth.set_cookie(request, response, Session.new(approver))  # a new session and CSRF token at login
+        return response
+
+    @app.post("/logout")
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        csrf = form.get(CSRF_FIELD)
+        auth.check_csrf(request, None, csrf if isinstance(csrf, str) else "")
+        response = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
+        auth.set_cookie(request, response, Session.new())
+        return response
+
+    # ── pages ────────────────────────────────────────────────────────────────────────────────────────
+
+    @app.get("/queue")
+    def queue_page(request: Request) -> Response:
+        identity = page_identity(request)
+        rows = people.queue_json(people.queue(settings))
+        return render(request, "queue.html", {"rows": rows, "now": datetime.now(UTC)}, identity=identity)
+
+    @app.get("/requests/{task_id}/{request_id:path}")
+    def request_page(request: Request, task_id: str, request_id: str) -> Response:
+        identity = page_identity(request)
+        check_task_id(task_id)
+        detail = people.request(settings, task_id, request_id)
+        choices = views.budget_choices(settings, task_id, request_id)
+        shown = []
+        for a in detail["context_now"]["artifacts"]:
+            content_type = views.media_type(a)
+            shown.append({**a, "content_type": content_type, "element": views.element(content_type)})
+        approvers = detail["approvers"]
+        context = {
+            "d": detail,
+            "ctx": detail["context_now"],
+            "asked": detail["context_at_request"],
+            "artifacts": shown,
+            "choices": choices,
+            "open": detail["status"] == "open" and detail["task_state"] not in _TERMINAL,
+            "not_allowed": isinstance(approvers, list) and identity.approver not in approvers,
+        }
+        return render(request, "request.html", context, identity=identity)
+
+    @app.get("/artifacts/{task_id}/{sha256}")
+    def artifact(request: Request, task_id: str, sha256: str) -> Response:
+        api_identity(request)
+        check_task_id(task_id)
+        if not _SHA256.fullmatch(sha256):
+            raise HTTPException(404, f"{sha256[:80]!r} is not an artifact's sha256")
+        ref = views.find_artifact(settings, task_id, sha256)
+        if ref is None:
+            raise HTTPException(404, f"task {task_id} has no artifact {sha256[:16]}…")
+        try:
+            chunks = store_for_uri(ref["uri"], [store()]).open_read(ref["uri"])
+        except ArtifactMissing:
+            raise HTTPException(404, f"artifact {sha256[:16]}… is missing from the store") from None
+        except ArtifactError as e:
+            raise HTTPException(404, str(e)) from None
+        content_type = views.media_type(ref)
+        headers = {
+            "Content-Disposition": "inline" if views.element(content_type) else "attachment",
+            # What the bytes are was decided above: never let a browser guess (or run) anything else.
+            "Content-Security-Policy": "sandbox; default-src 'none'",
+            "Cache-Control": "private, max-age=3600",  # content-addressed: the bytes never change
+        }
+        if isinstance(ref.get("size"), int) and ref["size"] > 0:
+            headers["Content-Length"] = str(ref["size"])
+        return StreamingResponse(chunks, media_type=content_type, headers=headers)
+
+    # ── the JSON API ─────────────────────────────────────────────────────────────────────────────────
+
+    @app.get("/api/queue")
+    def api_queue(request: Request) -> Response:
+        api_identity(request)
+        return JSONResponse(people.queue_json(people.queue(settings)))
+
+    @app.get("/api/requests/{task_id}/{request_id:path}")
+    def api_request(request: Request, task_id: str, request_id: str) -> Response:
+        api_identity(request)
+        check_task_id(task_id)
+        detail = people.request(settings, task_id, request_id)
+        choices = views.budget_choices(settings, task_id, request_id)
+        body = {**detail, "budget_scopes": choices.scopes, "default_scope": choices.default}
+        return Response(json.dumps(body, default=str), media_type="application/json")
+
+    @app.post("/api/decisions/{task_id}")
+    async def api_decide(request: Request, task_id: str) -> Response:
+        identity = api_identity(request)
+        auth.check_csrf(request, identity, None)
+        decisions.check(f"decide:{identity.approver}", f"decisions from {identity.approver}")
+        check_task_id(task_id)
+        payload = await json_body(request)
+        parsed = parse_decision(payload)
+        if isinstance(parsed, str):
+            raise HTTPException(400, parsed)
+        if parsed.approver != identity.approver:
+            raise HTTPException(
+                403,
+                f"you are {identity.approver}: a decision signed as {parsed.approver} is not yours to send",
+            )
+        # relay's ledger reads are short and synchronous; between them it sleeps, so the loop serves others.
+        sent = await people.relay(settings, task_id, payload, timeout=relay_timeout)
+        body = {
+            "decision_id": sent.decision_id,
+            "status": sent.status,
+            "detail": sent.detail,
+            "line": sent.line,
+        }
+        return JSONResponse(body, status_code=202 if sent.status == "pending" else 200)
+
+    return app
+
+
+_TERMINAL: Final = frozenset({TaskState.COMPLETED.value, TaskState.FAILED.value})
+
+
+def check_task_id(task_id: str) -> None:
+    if not _TASK_ID.fullmatch(task_id):
+        raise HTTPException(404, f"{task_id[:80]!r} is not a task id")
+
+
+def client_status(message: str) -> int:
+    """The HTTP status of a ClientError (one line, written for a person): what is missing is 404, a task
+    that is over 409, an unreachable Temporal 503, anything else 400."""
+    if message.startswith(("no request", "no task")) or "has no running workflow" in message:
+        return 404
+    if "nothing to decide" in message:
+        return 409
+    if message.startswith("cannot reach"):
+        return 503
+    return 400
+
+
+async def json_body(request: Request) -> Any:
+    """The request's JSON body; 413 if too big, 400 if not JSON."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise HTTPException(413, f"the body is larger than {MAX_BODY} bytes")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise HTTPException(413, f"the body is larger than {MAX_BODY} bytes")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise HTTPException(400, "the body is not JSON (expected the signed decision)") from None
+
+
+class SecurityHeaders:
+    """Headers on every response: the CSP above (unless the response set its own), no sniffing, no framing,
+    no referrer (a request's URL names a task)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("Content-Security-Policy", _CSP)
+                headers["X-Content-Type-Options"] = "nosniff"
+                headers["X-Frame-Options"] = "DENY"
+                headers["Referrer-Policy"] = "no-referrer"
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _age(opened_at: str, now: datetime) -> str:
+    """``"42s"``, ``"17m"``, ``"3h"``, ``"2d"``: how long ago an ISO timestamp was."""
+    seconds = max(0, int((now - datetime.fromisoformat(opened_at)).total_seconds()))
+    for unit, size, limit in (("s", 1, 120), ("m", 60, 7200), ("h", 3600, 172800)):
+        if seconds < limit:
+            return f"{seconds // size}{unit}"
+    return f"{seconds // 86400}d"

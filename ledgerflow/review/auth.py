@@ -1,0 +1,198 @@
+"""Who is asking: login tokens, the session cookie, CSRF tokens and rate limits of the reviewer page.
+
+A login token only says who a person is; it never lets anyone decide anything (every decision is signed in
+the approver's browser with their own key, and the worker verifies it). Three ways to be identified, first
+match wins:
+
+* ``Authorization: Bearer <token>`` (the JSON API for other tools): no cookie, so no CSRF token needed;
+* the ``trusted_header`` of ``create_app`` (an authenticating proxy, e.g. OIDC, puts the user's name in it);
+* the session cookie set at login.
+
+The session cookie is signed with a random per-process secret (itsdangerous): restarting the page logs
+everyone out, and nothing needs configuring. It always carries a CSRF token, also before login, so the login
+form itself is protected; a state-changing request identified by cookie or trusted header must echo that token
+(form field ``csrf_token`` or header ``X-CSRF-Token``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from starlette.requests import Request
+from starlette.responses import Response
+
+COOKIE: Final = "ledgerflow_review"
+SESSION_SECONDS: Final = 12 * 3600
+CSRF_HEADER: Final = "x-csrf-token"
+CSRF_FIELD: Final = "csrf_token"
+APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # rules.people's approver shape
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """What the cookie holds: the approver once logged in (None before), and the session's CSRF token."""
+
+    approver: str | None
+    csrf: str
+
+    @staticmethod
+    def new(approver: str | None = None) -> Session:
+        return Session(approver=approver, csrf=secrets.token_urlsafe(32))
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a request comes from, and how that is known."""
+
+    approver: str
+    via: Literal["bearer", "header", "cookie"]
+
+    @property
+    def needs_csrf(self) -> bool:
+        """Credentials a browser sends by itself (a cookie, a proxy's header) need a CSRF token as well."""
+        return self.via != "bearer"
+
+
+class AuthError(Exception):
+    """A request that is not allowed: ``status`` (401, 403, 429) and a one-line message."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = dict(headers or {})
+
+
+class RateLimiter:
+    """Token buckets by key: ``capacity`` requests at once, refilled at one per ``per_seconds``. In memory:
+    one process serves the page, and a restart forgetting the buckets costs nothing."""
+
+    MAX_KEYS: Final = 10_000
+
+    def __init__(
+        self, capacity: int, per_seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.capacity = capacity
+        self.per_seconds = per_seconds
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._lock = threading.Lock()  # sync endpoints run on a thread pool
+
+    def take(self, key: str) -> float:
+        """Take one token for ``key``: 0.0 if allowed, else the seconds until one is available."""
+        with self._lock:
+            now = self._clock()
+            tokens, at = self._buckets.get(key, (float(self.capacity), now))
+            tokens = min(float(self.capacity), tokens + (now - at) / self.per_seconds)
+            if tokens < 1.0:
+                self._buckets[key] = (tokens, now)
+                return (1.0 - tokens) * self.per_seconds
+            if len(self._buckets) >= self.MAX_KEYS:
+                self._forget_full(now)
+            self._buckets[key] = (tokens - 1.0, now)
+            return 0.0
+
+    def _forget_full(self, now: float) -> None:
+        """Drop the buckets that have refilled (they are as good as new), so the map cannot grow forever."""
+        full = [
+            k for k, (t, at) in self._buckets.items() if t + (now - at) / self.per_seconds >= self.capacity
+        ]
+        for k in full:
+            del self._buckets[k]
+
+    def check(self, key: str, what: str) -> None:
+        """AuthError 429 naming ``what`` was limited and how long to wait, if ``key``'s bucket is empty."""
+        wait = self.take(key)
+        if wait > 0:
+            seconds = max(1, round(wait + 0.5))
+            raise AuthError(
+                429, f"too many {what}: try again in {seconds} s", headers={"Retry-After": str(seconds)}
+            )
+
+
+class Auth:
+    """Tokens, sessions and CSRF for one app (its secret lives and dies with the process)."""
+
+    def __init__(self, tokens: Mapping[str, str], trusted_header: str | None = None) -> None:
+        self._tokens = dict(tokens)
+        self.trusted_header = trusted_header.lower() if trusted_header else None
+        self._serializer = URLSafeTimedSerializer(secrets.token_bytes(32), salt="ledgerflow-review-session")
+
+    def approver_for(self, token: str) -> str | None:
+        """The approver whose token this is. Every token is compared (in constant time), not just until
+        the first match, so the time taken says nothing about which tokens exist."""
+        found = None
+        for approver, expected in self._tokens.items():
+            if hmac.compare_digest(token.encode(), expected.encode()):
+                found = approver
+        return found
+
+    # ── the cookie ───────────────────────────────────────────────────────────────────────────────────
+
+    def session(self, request: Request) -> Session | None:
+        raw = request.cookies.get(COOKIE)
+        if not raw:
+            return None
+        try:
+            data: Any = self._serializer.loads(raw, max_age=SESSION_SECONDS)
+        except BadSignature:  # also an expired one (SignatureExpired is a BadSignature)
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("c"), str):
+            return None
+        approver = data.get("a")
+        return Session(approver=approver if isinstance(approver, str) else None, csrf=data["c"])
+
+    def set_cookie(self, request: Request, response: Response, session: Session) -> None:
+        response.set_cookie(
+            COOKIE,
+            self._serializer.dumps({"a": session.approver, "c": session.csrf}),
+            max_age=SESSION_SECONDS,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    # ── identification ───────────────────────────────────────────────────────────────────────────────
+
+    def identify(self, request: Request, limiter: RateLimiter | None) -> Identity | None:
+        """Who sent ``request`` (None: nobody logged in). AuthError 401 for a bad bearer token, which
+        counts as a failed login in ``limiter`` (429 once too many)."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            approver = self.approver_for(token.strip())
+            if approver is None:
+                if limiter is not None:
+                    limiter.check(f"login:{client_of(request)}", "failed logins")
+                raise AuthError(401, "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
+            return Identity(approver, "bearer")
+        if self.trusted_header:
+            name = request.headers.get(self.trusted_header, "").strip()
+            if name:
+                if not APPROVER.fullmatch(name):
+                    raise AuthError(403, f"the {self.trusted_header} header does not name a valid approver")
+                return Identity(name, "header")
+        session = self.session(request)
+        if session is not None and session.approver is not None:
+            return Identity(session.approver, "cookie")
+        return None
+
+    def check_csrf(self, request: Request, identity: Identity | None, sent: str | None) -> None:
+        """AuthError 403 unless a cookie- or header-identified request echoes its session's CSRF token."""
+        if identity is not None and not identity.needs_csrf:
+            return
+        session = self.session(request)
+        token = sent if sent is not None else request.headers.get(CSRF_HEADER)
+        if session is None or not token or not hmac.compare_digest(token.encode(), session.csrf.encode()):
+            raise AuthError(403, "missing or wrong CSRF token: reload the page and try again")
+
+
+def client_of(request: Request) -> str:
+    """The peer's address (behind a proxy: the proxy's, which then limits everyone together)."""
+    return request.client.host if request.client is not None else "unknown"

@@ -1,0 +1,188 @@
+// The reviewer page's one script: it signs decisions in this browser with the approver's own Ed25519 key
+// and posts them to the server, which only relays them to the task's workflow. The private key is imported
+// once from the approver's key file as a non-extractable CryptoKey and kept in IndexedDB: nothing, not even
+// this script, can read its bytes back, and no server ever holds it.
+"use strict";
+
+const DB_NAME = "ledgerflow-review";
+const KEYS = "keys"; // records {approver, key_id, public_key, key: CryptoKey}, one per approver
+
+function idb(mode, work) {
+  return new Promise((resolve, reject) => {
+    const open = indexedDB.open(DB_NAME, 1);
+    open.onupgradeneeded = () => open.result.createObjectStore(KEYS, { keyPath: "approver" });
+    open.onerror = () => reject(open.error);
+    open.onsuccess = () => {
+      const tx = open.result.transaction(KEYS, mode);
+      const req = work(tx.objectStore(KEYS));
+      tx.oncomplete = () => { open.result.close(); resolve(req.result); };
+      tx.onerror = () => { open.result.close(); reject(tx.error); };
+    };
+  });
+}
+
+const storedKey = (approver) => idb("readonly", (s) => s.get(approver));
+const storeKey = (record) => idb("readwrite", (s) => s.put(record));
+const forgetKey = (approver) => idb("readwrite", (s) => s.delete(approver));
+
+// The signed message: must stay byte for byte equal to canonical() in rules/people.py (the worker verifies
+// against that). A version line, then one field per line; the note (the only field that may hold newlines)
+// comes last.
+function canonical(taskId, d) {
+  return ["ledgerflow-decision-v2", taskId, d.decision_id, d.request_id, d.decision, d.approver, d.key_id,
+    d.amount || "", d.scope || "", d.note].join("\n");
+}
+
+const hex = (buffer) => Array.from(new Uint8Array(buffer), (b) => b.toString(16).padStart(2, "0")).join("");
+
+// An approver's key file (runtime/signing.py) -> a stored record. Throws an Error with a message for a person.
+async function importKeyFile(file, approver) {
+  let data;
+  try {
+    data = JSON.parse(await file.text());
+  } catch {
+    throw new Error(`${file.name} is not a key file (not JSON)`);
+  }
+  if (!data || data.ledgerflow_key !== 1 || typeof data.key_id !== "string" || typeof data.private_key !== "string") {
+    throw new Error(`${file.name} is not a ledgerflow key file`);
+  }
+  if (data.approver !== approver) {
+    throw new Error(`${file.name} is ${data.approver}'s key; you are signed in as ${approver}`);
+  }
+  let der;
+  try {
+    der = Uint8Array.from(atob(data.private_key), (c) => c.charCodeAt(0));
+  } catch {
+    throw new Error(`${file.name}: private_key is not base64`);
+  }
+  let key;
+  try {
+    key = await crypto.subtle.importKey("pkcs8", der, { name: "Ed25519" }, false, ["sign"]);
+  } catch (e) {
+    throw new Error(`${file.name}: private_key is not an Ed25519 PKCS#8 key (${e.message})`);
+  }
+  const record = { approver, key_id: data.key_id, public_key: data.public_key || "", key };
+  await storeKey(record);
+  return record;
+}
+
+async function sign(taskId, form, record) {
+  const fields = form.elements;
+  const decision = fields.decision.value;
+  const budget = decision === "add_budget";
+  const d = {
+    decision_id: crypto.randomUUID(),
+    request_id: form.dataset.requestId,
+    decision,
+    approver: record.approver,
+    key_id: record.key_id,
+    note: fields.note.value,
+    amount: budget ? fields.amount.value.trim() : null,
+    scope: budget ? fields.scope.value : null,
+  };
+  if (budget && !/^[0-9]{1,12}(\.[0-9]{1,12})?$/.test(d.amount)) {
+    throw new Error("the amount must be a positive decimal number, like 2.5");
+  }
+  const message = new TextEncoder().encode(canonical(taskId, d));
+  d.signature = hex(await crypto.subtle.sign({ name: "Ed25519" }, record.key, message));
+  return d;
+}
+
+async function send(taskId, payload) {
+  const root = document.body.dataset.root;
+  const response = await fetch(`${root}/api/decisions/${encodeURIComponent(taskId)}`, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: {
+      "Content-Type": "application/json",
+      "X-CSRF-Token": document.querySelector('meta[name="csrf-token"]').content,
+    },
+    body: JSON.stringify(payload),
+  });
+  const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
+  return { ok: response.ok, body };
+}
+
+function show(status, text) {
+  const outcome = document.getElementById("outcome");
+  outcome.className = status.replace(/ /g, "-");
+  outcome.textContent = text;
+}
+
+async function setUp() {
+  const form = document.getElementById("decide");
+  if (!form) return;
+  const approver = document.body.dataset.approver;
+  const taskId = form.dataset.taskId;
+  const status = document.getElementById("key-status");
+  const load = document.getElementById("key-load");
+  const forget = document.getElementById("key-forget");
+  const button = document.getElementById("sign");
+  let record = null;
+
+  const ready = (r) => {
+    record = r;
+    status.textContent = r ? `Signing as ${r.approver} with key ${r.key_id} (kept in this browser).`
+      : "No key in this browser yet: choose your key file.";
+    load.hidden = Boolean(r);
+    forget.hidden = !r;
+    button.disabled = !r;
+  };
+
+  if (!window.crypto?.subtle || !window.indexedDB) {
+    status.textContent = "This browser cannot sign here (it needs WebCrypto Ed25519 and IndexedDB over HTTPS or localhost).";
+    return;
+  }
+  try {
+    ready((await storedKey(approver)) || null);
+  } catch (e) {
+    ready(null);
+    show("rejected", `cannot read the stored key: ${e.message}`);
+  }
+
+  document.getElementById("key-file").addEventListener("change", async (event) => {
+    const file = event.target.files[0];
+    if (!file) return;
+    try {
+      ready(await importKeyFile(file, approver));
+      show("loaded", `key ${record.key_id} loaded`);
+    } catch (e) {
+      show("rejected", e.message);
+    } finally {
+      event.target.value = "";
+    }
+  });
+  forget.addEventListener("click", async () => {
+    await forgetKey(approver);
+    ready(null);
+  });
+
+  const budget = document.getElementById("budget");
+  const toggle = () => { if (budget) budget.hidden = form.elements.decision.value !== "add_budget"; };
+  form.addEventListener("change", toggle);
+  toggle();
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!record) return;
+    button.disabled = true;
+    let done = false;
+    try {
+      show("pending", "signing and sending… (waiting for the worker's ruling)");
+      const { ok, body } = await send(taskId, await sign(taskId, form, record));
+      if (!ok) {
+        show("rejected", `not sent: ${body.error || "unknown error"}`);
+      } else {
+        show(body.status, body.line);
+        done = body.status === "accepted" || body.status === "already resolved";
+        if (done) document.getElementById("status").textContent = body.status === "accepted" ? body.detail : body.status;
+      }
+    } catch (e) {
+      show("rejected", `not sent: ${e.message}`);
+    } finally {
+      button.disabled = done;
+    }
+  });
+}
+
+document.addEventListener("DOMContentLoaded", setUp);
