@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from reviewkit import SHOT_APPROVAL, TOKENS, wait_open
 
 from ledgerflow import people
-from ledgerflow.review import create_app
+from ledgerflow.review import create_app, serve
+from ledgerflow.review.auth import RateLimiter
 from rules.events import HumanDecision, parse
-from runtime.settings import Settings
+from runtime.settings import ConfigError, Settings
 from runtime.signing import demo_key
 
 SAMPLE_DECISION = {
@@ -57,6 +59,12 @@ def assert_one_line_json(response: httpx.Response, status: int, needle: str) -> 
     assert response.headers["content-type"].startswith("application/json")
     error = response.json()["error"]
     assert needle in error and "\n" not in error and "Traceback" not in error, error
+
+
+def test_serving_without_any_token_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("LEDGERFLOW_REVIEW_TOKENS", raising=False)
+    with pytest.raises(ConfigError, match="no reviewer tokens: set LEDGERFLOW_REVIEW_TOKENS"):
+        serve(Settings(state_dir=tmp_path), "127.0.0.1", 0)
 
 
 # ── who may do what ──────────────────────────────────────────────────────────────────────────────────
@@ -158,6 +166,18 @@ async def test_login_attempts_and_decisions_are_rate_limited_with_429(tmp_path):
         assert int(limited.headers["retry-after"]) > 0
         producer = {"Authorization": f"Bearer {TOKENS['producer']}"}  # per approver: the producer may go on
         assert (await client.post(url, content=b"{", headers=producer)).status_code == 400
+
+
+def test_a_token_bucket_refills_one_token_per_period_per_key():
+    now = [0.0]
+    limiter = RateLimiter(2, 10.0, clock=lambda: now[0])
+    assert [limiter.take("director") for _ in range(3)] == [0.0, 0.0, pytest.approx(10.0)]
+    assert limiter.take("producer") == 0.0
+    now[0] = 5.0
+    assert limiter.take("director") == pytest.approx(5.0)  # half a token back: not yet
+    now[0] = 10.0
+    assert limiter.take("director") == 0.0
+    assert limiter.take("director") == pytest.approx(10.0)
 
 
 async def test_bad_input_gets_one_clear_message_and_a_proper_status(tmp_path):
