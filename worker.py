@@ -26,7 +26,8 @@ from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from artifacts import ArtifactStore, open_store, store_for_uri
 from ledger.recorder import Recorder
-from runtime.settings import Settings, get_settings
+from runtime.settings import ConfigError, Settings, get_settings
+from runtime.signing import demo_public_keys
 from vendors.registry import Adapters
 from workflows.task import TaskWorkflow
 
@@ -40,6 +41,7 @@ async def build_worker(
     recorder = Recorder(settings.resolved_database_url())
     recorder.create_schema()
     stack.callback(recorder.dispose)
+    refuse_dev_secrets(settings, recorder)
     http = await stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
     store = open_store(settings.store_location())
     stores = [store]
@@ -74,6 +76,7 @@ async def build_worker(
     )
     review = ReviewActivities(recorder, store, chat, adapters=adapters, store_for=store_for)
     llm = LlmActivities(recorder, chat)
+    people = PeopleActivities(recorder, settings, client)
     executor = ThreadPoolExecutor(max_workers=64)
     stack.callback(executor.shutdown, wait=False)
     return Worker(
@@ -92,12 +95,32 @@ async def build_worker(
             review.review,
             review.gate,
             llm.decide,
-            PeopleActivities(recorder, settings).record,
+            people.record_batch,
+            people.arrivals,
         ],
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
     )
+
+
+def refuse_dev_secrets(settings: Settings, recorder: Recorder) -> None:
+    """Outside dev mode a worker does not start with a secret anyone can know: a default vendor or LLM key,
+    or a demo approver key still registered (anyone could sign as that approver). ConfigError, one line."""
+    if settings.dev:
+        return
+    problem = settings.default_secret()
+    if problem is not None:
+        raise ConfigError(problem)
+    demo = demo_public_keys()
+    found = sorted(
+        k.key_id for k in recorder.key_registry().values() if k.public_key in demo and not k.revoked_at
+    )
+    if found:
+        raise ConfigError(
+            f"the approver key registry holds demo keys ({', '.join(found)}): revoke them with "
+            "`ledgerflow keys revoke KEY_ID`, or run in dev mode (LEDGERFLOW_ENV=dev)"
+        )
 
 
 async def connect(settings: Settings) -> Client:
@@ -125,4 +148,7 @@ async def run_worker(settings: Settings | None = None) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(run_worker())
+    try:
+        asyncio.run(run_worker())
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None

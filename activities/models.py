@@ -69,6 +69,31 @@ class RecordDecisionInput(BaseModel):
     after: int
 
 
+class Received(BaseModel):
+    """One signalled decision, exactly as received, and when it reached the workflow: the signal's own
+    event time in Temporal's history when it was handled after its request's deadline (``people.arrivals``),
+    else the workflow time it was handled at (which is never before it arrived)."""
+
+    decision: Any
+    received_at: datetime
+
+
+class RecordDecisionsInput(BaseModel):
+    """A batch of signalled decisions, ruled on and recorded in one local activity."""
+
+    task_id: str
+    decisions: list[Received]
+    after: int
+
+
+class ArrivalsInput(BaseModel):
+    """Which signalled decisions (by ``rules.people.decision_ref``) to find in the run's history."""
+
+    workflow_id: str
+    run_id: str
+    refs: list[str]
+
+
 class LlmDecideInput(BaseModel):
     """An open question: the task's fold at ``watermark``, decided at ``decided_at`` (workflow time)."""
 

@@ -1,68 +1,149 @@
-"""``people.record``: a person's signalled decision, authenticated, authorised, validated and recorded.
+"""People's signalled decisions: authenticated, authorised, validated and recorded (``people.record_batch``),
+and when each one reached Temporal (``people.arrivals``).
 
-A local activity (sync), called by the workflow for every ``decide`` signal before it acts on anything. The
-approver keys are read here, from the worker's settings, and nowhere else: the workflow passes the raw
-payload in and gets ledger events back, so no key is ever in a workflow argument, result or error.
+Local activities, called by the workflow for its inbox of ``decide`` signals before it acts on anything. The
+approver key registry (public keys only: ``rules.approvers``) is read here, from the ledger's database, and
+the signatures are verified here (``runtime.signing``): the workflow passes the raw payloads in and gets
+ledger events back. No worker holds an approver's private key.
 
 A user error never raises (the workflow must keep running): a malformed, unsigned, forged, unauthorised or
-late decision is recorded as a ``REJECTED_INPUT`` marker, idempotently, and the task carries on. Only the
-ledger being unreachable raises, and the workflow's retry policy retries that.
+late decision is recorded as a ``REJECTED_INPUT`` marker, idempotently, and the task carries on. Beyond the
+first few refusals on one request, the rest of a batch is counted in one ``REJECTED_BURST`` marker with every
+distinct reason (``rules.people.bounded``), so a flood of signals cannot grow the ledger without bound. Only
+the ledger being unreachable raises, and the workflow's retry policy retries that.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
+from datetime import UTC, datetime
 
 from temporalio import activity
+from temporalio.client import Client
 
-from activities.models import RecordDecisionInput
+from activities.models import ArrivalsInput, Received, RecordDecisionsInput
 from ledger.recorder import Recorder
+from rules.approvers import KeyRecord
 from rules.envelope import StoredEvent
 from rules.events import to_new
 from rules.keys import resolution_key
-from rules.people import Ruling, conflict, evaluate, resolutions
-from rules.projection import fold
-from runtime.settings import ConfigError, Settings
+from rules.people import (
+    Keys,
+    Ruling,
+    bounded,
+    conflict,
+    decision_ref,
+    evaluate,
+    prior_rejections,
+    resolutions,
+)
+from rules.projection import Projection, apply, fold
+from runtime.settings import Settings
+from runtime.signing import demo_public_keys, verify
+
+DEMO_REFUSED = "a demo key: refused outside dev mode (LEDGERFLOW_ENV=dev)"
 
 
 class PeopleActivities:
-    def __init__(self, recorder: Recorder, settings: Settings) -> None:
+    def __init__(self, recorder: Recorder, settings: Settings, client: Client | None = None) -> None:
         self.recorder = recorder
         self.settings = settings
+        self.client = client
 
-    @activity.defn(name="people.record")
-    def record(self, inp: RecordDecisionInput) -> list[StoredEvent]:
-        """Rule on one raw decision, record the ruling, and return the task's events after ``inp.after``."""
+    def keys(self) -> Keys:
+        """The registry's keys as of now; outside dev mode a demo key is treated as revoked (with why)."""
+        registry = self.recorder.key_registry()
+        if not self.settings.dev:
+            demo = demo_public_keys()
+            registry = {kid: _refused_demo(k) if k.public_key in demo else k for kid, k in registry.items()}
+        return Keys(registry=registry, verify=verify)
+
+    @activity.defn(name="people.record_batch")
+    def record_batch(self, inp: RecordDecisionsInput) -> list[StoredEvent]:
+        """Rule on each decision of the batch in order, record the rulings, and return the task's events after
+        ``inp.after``."""
         task_id = inp.task_id
         events = self.recorder.read_events(task_id)
         if events:
-            try:
-                keys = self.settings.approver_key_map()
-            except ConfigError:
-                keys = {}  # no decision can be authenticated; each is refused and audited, the task goes on
-            try:
-                ruling = evaluate(task_id, inp.decision, fold(events), keys, resolutions(events, task_id))
-            except (RecursionError, TypeError, ValueError) as e:
-                # A payload no check foresaw (e.g. nested too deep to canonicalise): refuse it rather than
-                # fail the activity, which would stall the workflow on retries.
-                digest = hashlib.sha256(repr(type(inp.decision)).encode() + str(e).encode()).hexdigest()
-                ruling = Ruling(
-                    task_id, f"sha256:{digest}", rejection=f"unreadable decision ({type(e).__name__})"
+            keys = self.keys()
+            p = fold(events)
+            refused: list[Ruling] = []
+            for received in inp.decisions:
+                ruling = self._rule(task_id, received, p, keys, events)
+                if ruling.decision is not None:
+                    ruling = self._accept(ruling, received)
+                    if ruling.decision is not None:  # recorded: later decisions of the batch see it
+                        new = self.recorder.read_events(task_id, after_seq=p.watermark)
+                        for e in new:
+                            apply(p, e)
+                        events += new
+                        continue
+                if ruling.rejection is not None:
+                    refused.append(ruling)
+            recorded = {e.dedup_key for e in events if e.type == "SystemMarker"}
+            refused = [r for r in refused if r.marker_key() not in recorded]  # a repeat: audited already
+            single, bursts = bounded(task_id, refused, prior_rejections(events))
+            for ruling in single:
+                self.recorder.append_idempotent(
+                    task_id, to_new(ruling.marker(), dedup_key=ruling.marker_key())
                 )
-            self._write(ruling, inp)
+            for burst in bursts:
+                self.recorder.append_idempotent(task_id, burst)
         return self.recorder.read_events(task_id, after_seq=inp.after)
 
-    def _write(self, ruling: Ruling, inp: RecordDecisionInput) -> None:
-        task_id = inp.task_id
-        if ruling.decision is not None:
-            assert ruling.request_id is not None
-            raised = None if ruling.raise_ceiling is None else (f"task:{task_id}", ruling.raise_ceiling)
-            event = to_new(ruling.decision, dedup_key=resolution_key(task_id, ruling.request_id))
-            stored, inserted = self.recorder.append_idempotent(task_id, event, raise_ceiling=raised)
-            if inserted:
-                return
-            # Someone resolved the request between our read and our write (a timeout, another person):
-            # the first resolution stands; this one is refused and its sender told by whom.
-            ruling = conflict(task_id, inp.decision, stored)
-        if ruling.rejection is not None:
-            self.recorder.append_idempotent(task_id, to_new(ruling.marker(), dedup_key=ruling.marker_key()))
+    def _rule(
+        self, task_id: str, received: Received, p: Projection, keys: Keys, events: list[StoredEvent]
+    ) -> Ruling:
+        try:
+            return evaluate(
+                task_id, received.decision, p, keys, received.received_at, resolutions(events, task_id)
+            )
+        except (RecursionError, TypeError, ValueError) as e:
+            # A payload no check foresaw (e.g. nested too deep to canonicalise): refuse it rather than fail
+            # the activity, which would stall the workflow on retries.
+            digest = hashlib.sha256(repr(type(received.decision)).encode() + str(e).encode()).hexdigest()
+            return Ruling(task_id, f"sha256:{digest}", rejection=f"unreadable decision ({type(e).__name__})")
+
+    def _accept(self, ruling: Ruling, received: Received) -> Ruling:
+        """Record an accepted decision under its request's resolution key; the ruling that stands (a refusal
+        if someone resolved the request first)."""
+        task_id = ruling.task_id
+        assert ruling.decision is not None and ruling.request_id is not None
+        event = to_new(ruling.decision, dedup_key=resolution_key(task_id, ruling.request_id))
+        stored, inserted = self.recorder.append_idempotent(task_id, event, raise_ceiling=ruling.raise_ceiling)
+        if inserted:
+            return ruling
+        # Someone resolved the request between our read and our write (a timeout, another person): the first
+        # resolution stands; this one is refused and its sender told by whom.
+        return conflict(task_id, received.decision, stored)
+
+    @activity.defn(name="people.arrivals")
+    async def arrivals(self, inp: ArrivalsInput) -> dict[str, datetime]:
+        """When each of the named decisions reached Temporal: the event time of its ``decide`` signal in the
+        run's history (the server's clock). Asked only for decisions handled after their request's deadline
+        (a worker down or busy at the time), so the one that arrived in time still wins over the timeout."""
+        client = self.client or activity.client()
+        wanted = set(inp.refs)
+        found: dict[str, datetime] = {}
+        handle = client.get_workflow_handle(inp.workflow_id, run_id=inp.run_id)
+        async for event in handle.fetch_history_events():
+            if not event.HasField("workflow_execution_signaled_event_attributes"):
+                continue
+            attrs = event.workflow_execution_signaled_event_attributes
+            if attrs.signal_name != "decide" or not attrs.input.payloads:
+                continue
+            try:
+                values = await client.data_converter.decode(list(attrs.input.payloads))
+            except Exception:  # a payload nothing can decode names no decision we look for
+                continue
+            ref = decision_ref(values[0]) if values else None
+            if ref in wanted and ref not in found:
+                found[ref] = event.event_time.ToDatetime(tzinfo=UTC)
+                if len(found) == len(wanted):
+                    break
+        return found
+
+
+def _refused_demo(key: KeyRecord) -> KeyRecord:
+    return replace(key, revoked_at=datetime.min.replace(tzinfo=UTC), revoked_reason=DEMO_REFUSED)

@@ -54,7 +54,17 @@ from ledger.errors import (
     StaleEpoch,
     TaskNotFound,
 )
-from ledger.schema import DEDUP_CONSTRAINT, budget_accounts, create_schema, events, route_events, task_leases
+from ledger.schema import (
+    APPROVER_KEY_CONSTRAINT,
+    DEDUP_CONSTRAINT,
+    approver_keys,
+    budget_accounts,
+    create_schema,
+    events,
+    route_events,
+    task_leases,
+)
+from rules.approvers import KeyRecord, registry
 from rules.envelope import NewEvent, StoredEvent
 from rules.money import MONEY_SCALE, parse_amount
 
@@ -688,6 +698,58 @@ class Recorder:
             rows = conn.execute(_ROUTE_STATES).all()
         return {r[0]: RouteState(r[0], r[1] == "paused", r[2], r[3], r[4]) for r in rows}
 
+    # --- the approver key registry (rules.approvers) -------------------------------------------------------
+
+    def add_key(self, key: KeyRecord, *, actor: str, reason: str = "") -> None:
+        """Register a public key. LedgerError if its key id was ever registered (ids are never reused)."""
+        row = {
+            "key_id": key.key_id,
+            "action": "add",
+            "approver": key.approver,
+            "public_key": key.public_key,
+            "kinds": list(key.kinds),
+            "scopes": list(key.scopes),
+            "not_before": key.not_before,
+            "expires_at": key.expires_at,
+            "reason": reason[:1000],
+            "actor": actor[:200],
+        }
+        try:
+            with _translated(), self._engine.begin() as conn:
+                conn.execute(approver_keys.insert().values(**row))
+        except LedgerError as e:
+            if (
+                isinstance(e.__cause__, sa_exc.IntegrityError)
+                and _constraint(e.__cause__) == APPROVER_KEY_CONSTRAINT
+            ):
+                raise LedgerError(f"key {key.key_id} is already registered (a key id is used once)") from None
+            raise
+
+    def revoke_key(self, key_id: str, *, actor: str, reason: str) -> KeyRecord | None:
+        """Revoke a registered key; the revoked record, or None if no such key is registered. A key already
+        revoked stays revoked as it was (nothing is written)."""
+        with _translated(), self._engine.begin() as conn:
+            conn.execute(_KEY_LOCK, {"key_id": key_id})
+            keys = registry(dict(r._mapping) for r in conn.execute(_KEY_LOG))
+            found = keys.get(key_id)
+            if found is None or found.revoked_at is not None:
+                return found
+            row = {
+                "key_id": key_id,
+                "action": "revoke",
+                "approver": found.approver,
+                "public_key": found.public_key,
+                "reason": reason[:1000],
+                "actor": actor[:200],
+            }
+            conn.execute(approver_keys.insert().values(**row))
+            return registry(dict(r._mapping) for r in conn.execute(_KEY_LOG)).get(key_id)
+
+    def key_registry(self) -> dict[str, KeyRecord]:
+        """Every registered key, as of now (folded from the registry's log)."""
+        with _translated(), self._reader.connect() as conn:
+            return registry(dict(r._mapping) for r in conn.execute(_KEY_LOG))
+
     def events_by_operation_key(self, operation_key: str) -> list[StoredEvent]:
         """Every event carrying ``operation_key``, ordered by task and seq."""
         with _translated(), self._reader.connect() as conn:
@@ -713,6 +775,10 @@ class Recorder:
         with self._reader.connect() as conn:
             found: str | None = conn.execute(_EXISTING_DEDUP_KEY, {"b_keys": keys}).scalar_one_or_none()
         return found if found is not None else keys[0]
+
+
+_KEY_LOG: Final = select(approver_keys).order_by(approver_keys.c.seq)
+_KEY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext('approver_key:' || :key_id))")
 
 
 def _amount(name: str, value: object) -> Decimal:

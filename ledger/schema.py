@@ -107,6 +107,29 @@ route_events: Final = Table(
     Index("ix_route_events_route", "route", "id"),
 )
 
+# The approver key registry (rules.approvers), append-only: ``add`` registers a public key with what it may
+# sign, ``revoke`` ends it. Written only by ``ledgerflow keys`` (its actor and reason are the audit trail);
+# a key id is added once (rotation is a new key id, then a revoke of the old one).
+approver_keys: Final = Table(
+    "approver_keys",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=True),
+    Column("key_id", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("approver", Text, nullable=False),
+    Column("public_key", Text, nullable=False),
+    Column("kinds", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("scopes", ARRAY(Text), nullable=False, server_default=text("'{*}'")),
+    Column("not_before", TIMESTAMP(timezone=True), nullable=True),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=True),
+    Column("reason", Text, nullable=False, server_default=text("''")),
+    Column("actor", Text, nullable=False),
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    CheckConstraint("action IN ('add', 'revoke')", name="ck_approver_keys_action"),
+    Index("uq_approver_keys_add", "key_id", unique=True, postgresql_where=text("action = 'add'")),
+)
+APPROVER_KEY_CONSTRAINT: Final = "uq_approver_keys_add"
+
 # An arbitrary constant shared by every process creating the schema ("ledger" in ASCII).
 _SCHEMA_LOCK_KEY: Final = 0x6C6564676572
 
@@ -125,6 +148,7 @@ _TRIGGERS: Final = (
     ("events_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON events"),
     ("task_leases_never_deleted", "BEFORE DELETE OR TRUNCATE ON task_leases"),
     ("route_events_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON route_events"),
+    ("approver_keys_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON approver_keys"),
 )
 
 
@@ -142,7 +166,7 @@ _UPGRADES: Final = (
 
 
 # Bump when the DDL below changes: databases at an older version run it again (it is idempotent).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def create_schema_on(conn: Connection) -> None:

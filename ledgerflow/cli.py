@@ -411,16 +411,30 @@ def request(
 def decide(
     request_id: Annotated[str, typer.Argument(help="TASK_ID/REQUEST_ID")],
     decision: Annotated[str, typer.Argument(help="approve | resume | abort | add-budget")],
-    approver: Annotated[str, typer.Option("--as", help="who decides (signs with their key)")],
+    key_file: Annotated[
+        Path | None,
+        typer.Option("--key-file", envvar="LEDGERFLOW_KEY_FILE", help="your key file (signs the decision)"),
+    ] = None,
+    approver: Annotated[
+        str | None, typer.Option("--as", help="who decides (dev mode: a demo approver, no key file)")
+    ] = None,
     amount: Annotated[str | None, typer.Option("--amount", help="for add-budget")] = None,
+    scope: Annotated[
+        str | None,
+        typer.Option(
+            "--scope", help="for add-budget: project:P, episode:P/E or task:T (default: the one short)"
+        ),
+    ] = None,
     note: Annotated[str, typer.Option("--note", help="why")] = "",
 ) -> None:
     """Sign and send a decision, then wait for the worker's ruling: exit 0 accepted, 1 otherwise."""
     from ledgerflow import people
 
     task_id, rid = people.parse_global_id(request_id)
+    settings = get_settings()
+    key = people.approver_key(settings, key_file, approver)
     sent = asyncio.run(
-        people.decide(get_settings(), task_id, rid, decision, approver, note=note, amount=amount)
+        people.decide(settings, key, task_id, rid, decision, note=note, amount=amount, scope=scope)
     )
     (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
     if sent.status != "accepted":
@@ -438,6 +452,95 @@ def dlq(as_json: Annotated[bool, typer.Option("--json", help="machine-readable o
         out.print_json(json.dumps(entries, default=str))
     else:
         out.print(people.dlq_view(entries), soft_wrap=True, highlight=False)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="The approver key registry (public keys; audited).")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("generate")
+@friendly
+def keys_generate(
+    approver: Annotated[str, typer.Option("--approver", help="whose key")],
+    key_id: Annotated[str, typer.Option("--key-id", help="its id, e.g. director-2026-12")],
+    out_file: Annotated[Path, typer.Option("--out", help="where to write the private key file")],
+) -> None:
+    """Make an approver's key pair: the private key file stays with them; register its public key."""
+    from ledgerflow import keys
+
+    key = keys.generate(approver, key_id, out_file)
+    out.print(f"wrote {out_file} (keep it private)\npublic key {key.public_key}", highlight=False)
+    out.print(
+        f"register it: ledgerflow keys add --key-file {out_file} --as YOU --reason '…'",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@keys_app.command("add")
+@friendly
+def keys_add(
+    actor: Annotated[str, typer.Option("--as", help="who registers it (recorded)")],
+    reason: Annotated[str, typer.Option("--reason", help="why (recorded)")],
+    key_file: Annotated[
+        Path | None, typer.Option("--key-file", help="read key id, approver, public key from it")
+    ] = None,
+    key_id: Annotated[str | None, typer.Option("--key-id")] = None,
+    approver: Annotated[str | None, typer.Option("--approver")] = None,
+    public_key: Annotated[str | None, typer.Option("--public-key", help="64 hex digits")] = None,
+    kind: Annotated[
+        list[str] | None, typer.Option("--kind", help="request kinds it may decide (repeat; default all)")
+    ] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option("--scope", help="*, project:P, episode:P/E or task:T (repeat; default *)"),
+    ] = None,
+    not_before: Annotated[str | None, typer.Option("--not-before", help="ISO 8601 time")] = None,
+    expires: Annotated[str | None, typer.Option("--expires", help="ISO 8601 time")] = None,
+) -> None:
+    """Register an approver's public key (an audited entry in the ledger's database)."""
+    from ledgerflow import keys
+
+    record = keys.record_from(
+        key_file=key_file,
+        key_id=key_id,
+        approver=approver,
+        public_key=public_key,
+        kinds=kind or [],
+        scopes=scope or [],
+        not_before=not_before,
+        expires=expires,
+    )
+    keys.add(get_settings(), record, actor=actor, reason=reason)
+    out.print(f"key {record.key_id} of {record.approver} registered", highlight=False)
+
+
+@keys_app.command("revoke")
+@friendly
+def keys_revoke(
+    key_id: str,
+    actor: Annotated[str, typer.Option("--as", help="who revokes it (recorded)")],
+    reason: Annotated[str, typer.Option("--reason", help="why (recorded)")],
+) -> None:
+    """Revoke a key: decisions signed with it are refused from now on (and audited)."""
+    from ledgerflow import keys
+
+    out.print(keys.revoke(get_settings(), key_id, actor=actor, reason=reason), highlight=False)
+
+
+@keys_app.command("list")
+@friendly
+def keys_list(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Every registered key: approver, what it may sign, validity, revocation."""
+    from ledgerflow import keys
+
+    records = keys.listing(get_settings())
+    if as_json:
+        out.print_json(json.dumps([r.as_json() for r in records]))
+    else:
+        out.print(keys.table(records), soft_wrap=True, highlight=False)
 
 
 routes_app = typer.Typer(

@@ -306,6 +306,7 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
     with the demo approver keys and sent as the ``decide`` signal, like ``ledgerflow decide``.
     """
     from ledgerflow.people import send, signed_payload
+    from runtime.signing import demo_key
 
     answered: set[tuple[str, str]] = set()
     while True:
@@ -324,7 +325,7 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
                 ):
                     continue
                 payload = signed_payload(
-                    settings, tid, rid, "resume", "producer", note="drill: checked, resume"
+                    demo_key("producer"), tid, rid, "resume", note="drill: checked, resume"
                 )
                 try:
                     await send(settings, tid, payload)

@@ -35,6 +35,7 @@ from rules.actions import RequestKind
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
 from rules.people import (
+    burst_reasons,
     canonical,
     describe_resolution,
     parse_money,
@@ -272,16 +273,28 @@ def outcome(events: list[StoredEvent], decision_id: str) -> Sent | None:
             assert isinstance(event, HumanDecision)
             amount = f" {event.amount}" if event.amount is not None else ""
             return Sent(decision_id, "accepted", f"{event.decision.value}{amount} by {event.approver}")
-        detail = str(stored.payload.get("detail", ""))
-        if stored.type == "SystemMarker" and detail.startswith(f"{decision_id}: "):
-            marker = parse(stored)
-            if isinstance(marker, SystemMarker) and marker.kind == MarkerKind.REJECTED_INPUT:
-                reason = marker.detail[len(decision_id) + 2 :]
-                if reason.startswith("already resolved: "):
-                    refused = Sent(decision_id, "already resolved", reason.removeprefix("already resolved: "))
-                else:
-                    refused = Sent(decision_id, "rejected", reason)
+        reason = _refusal(stored, decision_id)
+        if reason is None:
+            continue
+        if reason.startswith("already resolved: "):
+            refused = Sent(decision_id, "already resolved", reason.removeprefix("already resolved: "))
+        else:
+            refused = Sent(decision_id, "rejected", reason)
     return refused
+
+
+def _refusal(stored: StoredEvent, decision_id: str) -> str | None:
+    """The reason ``stored`` gives for refusing ``decision_id`` (one by one, or in a burst), if it does."""
+    if stored.type != "SystemMarker":
+        return None
+    kind, detail = stored.payload.get("kind"), str(stored.payload.get("detail", ""))
+    if kind == MarkerKind.REJECTED_INPUT.value and detail.startswith(f"{decision_id}: "):
+        return detail[len(decision_id) + 2 :]
+    if kind == MarkerKind.REJECTED_BURST.value and decision_id in detail:
+        marker = parse(stored)
+        assert isinstance(marker, SystemMarker)
+        return burst_reasons(marker).get(decision_id)
+    return None
 
 
 def ruling(p: Projection, events: list[StoredEvent], decision_id: str, request_id: str) -> Sent | None:
@@ -330,7 +343,9 @@ async def decide(
     return await relay(settings, task_id, payload, timeout=timeout)
 
 
-async def relay(settings: Settings, task_id: str, payload: dict[str, Any], *, timeout: float = POLL_SECONDS) -> Sent:
+async def relay(
+    settings: Settings, task_id: str, payload: dict[str, Any], *, timeout: float = POLL_SECONDS
+) -> Sent:
     """Send a signed decision as it is (the CLI's, or one the reviewer page signed in the browser) and wait
     (up to ``timeout``) for the worker's ruling in the ledger. ClientError if there is nothing to decide."""
     p, events = _task(settings, task_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -17,9 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ledger.recorder import Recorder
 from ledgerflow import pg
+from rules.approvers import KeyRecord
 from runtime.process import process_alive
 from runtime.settings import Settings
+from runtime.signing import DEMO_APPROVERS, demo_key
 
 # SQLite pragmas for the dev server: WAL + synchronous=normal roughly double its throughput on small machines.
 TEMPORAL_PRAGMAS = ("--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal")
@@ -138,7 +142,11 @@ def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
         pids["simulator"] = start_simulator(port, logs / "simulator.log").pid
         vendor_url = f"http://127.0.0.1:{port}"
 
+    register_demo_keys(database_url, state / "keys")
+    tokens = stack.get("review_tokens") or {a: secrets.token_urlsafe(24) for a in DEMO_APPROVERS}
     stack = {
+        "env": "dev",
+        "review_tokens": tokens,
         "temporal_address": temporal_address,
         "ui_url": ui_url,
         "database_url": database_url,
@@ -153,10 +161,28 @@ def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
             "LEDGERFLOW_DATABASE_URL": database_url,
             "LEDGERFLOW_VENDOR_URL": vendor_url,
             "LEDGERFLOW_ARTIFACT_DIR": str(state / "artifacts"),
+            "LEDGERFLOW_ENV": "dev",
         }
         pids["worker"] = start_worker(env, logs / "worker.log").pid
     (state / "stack.json").write_text(json.dumps(stack, indent=2))
     return stack
+
+
+def register_demo_keys(database_url: str, keys_dir: Path) -> None:
+    """Dev mode: register the demo approvers' public keys (once) and write their key files (the CLI signs
+    with them by default in dev mode; the reviewer page imports them)."""
+    rec = Recorder(database_url, pool_size=1)
+    try:
+        rec.create_schema()
+        registered = rec.key_registry()
+        for name in DEMO_APPROVERS:
+            key = demo_key(name)
+            if key.key_id not in registered:
+                record = KeyRecord(key_id=key.key_id, approver=name, public_key=key.public_key)
+                rec.add_key(record, actor="ledgerflow up", reason="dev mode: a demo approver")
+            key.write(keys_dir / f"{name}.key")
+    finally:
+        rec.dispose()
 
 
 def down(settings: Settings) -> list[str]:

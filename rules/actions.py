@@ -48,6 +48,8 @@ class HumanRequest(_Action):
     options: tuple[HumanDecisionType, ...]
     deadline: datetime | None = None
     timeout_policy: TimeoutPolicy | None = None
+    # A budget escalation: the budget scope that refused (an add_budget raises it unless it names another).
+    budget_scope: str | None = None
     # What the person is shown (rules.people.context_package): failure history, spend and remaining budget,
     # the options and their effect, the artifacts concerned — as the ledger stood when the question was put.
     context: dict[str, Any] = Field(default_factory=dict)

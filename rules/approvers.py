@@ -75,7 +75,9 @@ def registry(log: Iterable[Mapping[str, Any]]) -> dict[str, KeyRecord]:
                 added_at=row.get("recorded_at"),
             )
         elif row["action"] == "revoke" and kid in keys and keys[kid].revoked_at is None:
-            keys[kid] = replace(keys[kid], revoked_at=row.get("recorded_at"), revoked_reason=row.get("reason") or "")
+            keys[kid] = replace(
+                keys[kid], revoked_at=row.get("recorded_at"), revoked_reason=row.get("reason") or ""
+            )
     return keys
 
 

@@ -49,6 +49,12 @@ class MarkerKind(StrEnum):
     # while it was pending can still be recomputed.
     INTENT_REFUSED = "intent_refused"
     CLOSING = "closing"  # the task ended: no executor may write a dispatch's INTENT after this
+    # A request's first deadline passed unanswered: it is offered to the plan's backup approvers until its
+    # final deadline (``ApprovalPolicy.backup_timeout`` later); only then does the timeout policy apply.
+    BACKUPS_OFFERED = "backups_offered"
+    # A burst of refused decisions on one request, beyond the first few recorded one by one: how many, and
+    # every distinct reason (``detail``: JSON), so a flood of signals cannot grow the ledger without bound.
+    REJECTED_BURST = "rejected_burst"
 
 
 class Verdict(StrEnum):
@@ -207,6 +213,9 @@ class HumanDecision(_Event):
     note: str = Field(default="", max_length=2000)
     amount: Decimal | None = None
     decision_id: str | None = None  # the signed decision's id (rules.people): what its sender polls for
+    # An add_budget's budget scope (``project:P``, ``episode:P/E``, ``task:T``); None: the task's.
+    scope: str | None = None
+    key_id: str | None = None  # the registry key the decision was signed with (older events: HMAC, none)
 
 
 class RollbackDone(_Event):

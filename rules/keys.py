@@ -100,3 +100,13 @@ def resolution_key(task_id: str, request_id: str) -> str:
 
 def rejected_key(task_id: str, decision_ref: str) -> str:
     return f"{task_id}:rejected:{decision_ref}"
+
+
+def rejected_burst_key(task_id: str, request_id: str, digest: str) -> str:
+    """One burst of refused decisions on a request (``digest``: of the refs counted in it)."""
+    return f"{task_id}:rejected-burst:{request_id}:{digest}"
+
+
+def backups_key(task_id: str, request_id: str) -> str:
+    """A request's one offer to the plan's backup approvers."""
+    return f"{task_id}:backups:{request_id}"

@@ -20,20 +20,21 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
 from rules.actions import HumanDecisionType, RequestKind
 from rules.approvers import KEY_ID, KeyRecord, refusal
-from rules.envelope import StoredEvent
+from rules.envelope import NewEvent, StoredEvent
 from rules.events import (
     HumanDecision,
     MarkerKind,
     SystemMarker,
     parse,
+    to_new,
 )
-from rules.keys import rejected_key, resolution_key
+from rules.keys import rejected_burst_key, rejected_key, resolution_key
 from rules.money import parse_amount
 from rules.plan import COMPOSE, ApprovalPolicy, budget_scopes
 from rules.projection import Projection, RequestView
@@ -83,7 +84,17 @@ def canonical(
     newline-free, and ``note`` comes last, so two different decisions never produce the same message. The
     task id is signed but not sent: a decision signed for one task fails verification in every other.
     The reviewer page builds the same string in the browser (``ledgerflow/review/static/review.js``)."""
-    fields = [task_id, decision_id, request_id, str(decision), approver, key_id, amount or "", scope or "", note]
+    fields = [
+        task_id,
+        decision_id,
+        request_id,
+        str(decision),
+        approver,
+        key_id,
+        amount or "",
+        scope or "",
+        note,
+    ]
     return "\n".join([CANONICAL_VERSION, *fields])
 
 
@@ -311,9 +322,7 @@ def evaluate(
     if key is None:
         return refuse(f"unknown key {d.key_id!r} (not in the approver key registry)")
     if not keys.verify(key.public_key, d.message(task_id), d.signature):
-        return refuse(
-            f"bad signature for key {d.key_id!r} (forged, altered or signed for another task)"
-        )
+        return refuse(f"bad signature for key {d.key_id!r} (forged, altered or signed for another task)")
     if view is None:
         return refuse(f"no request {d.request_id!r} in task {task_id}")
     chain = [s for s, _ in budget_scopes(p.plan, task_id)]
@@ -326,12 +335,14 @@ def evaluate(
     elif d.scope is not None:
         return refuse(f"a scope is only for add_budget, not {d.decision.value}")
     # Authorisation: the key's own limits (approver, validity, request kinds, scopes) …
-    why = refusal(key, approver=d.approver, kind=view.request.kind.value, chain=chain, scope=scope, at=received_at)
+    why = refusal(
+        key, approver=d.approver, kind=view.request.kind.value, chain=chain, scope=scope, at=received_at
+    )
     if why is not None:
         return refuse(why)
     # … and the plan's: who may decide this kind of request.
     allowed = allowed_approvers(p.plan.approval, view.request.kind)
-    if allowed and d.approver not in allowed and not _backup_may(p, view, d.approver):
+    if allowed and d.approver not in allowed and not _backup_may(p, view, d.approver, received_at):
         return refuse(
             f"{d.approver} may not decide {view.request.kind.value} requests (allowed: {', '.join(allowed)})"
         )
@@ -345,6 +356,13 @@ def evaluate(
         return refuse(f"already resolved: {describe_view(view)}")
     if p.terminal:
         return refuse(f"task {task_id} is already {p.state.value}")
+    final = final_deadline(p, view)
+    if final is not None and received_at > final:
+        # Fair both ways: a decision that reached Temporal after the deadline loses to the timeout even if
+        # the timeout is not marked yet (and one that arrived in time wins: the workflow rules on it first).
+        return refuse(
+            f"arrived at {received_at.isoformat()}, after the request's deadline {final.isoformat()}"
+        )
     if d.decision not in view.request.options:
         options = ", ".join(o.value for o in view.request.options)
         return refuse(f"{d.decision.value} is not an option of {d.request_id} (options: {options})")
@@ -372,10 +390,94 @@ def evaluate(
     return Ruling(task_id=task_id, ref=ref, request_id=rid, node=node, decision=event, raise_ceiling=raised)
 
 
-def _backup_may(p: Projection, view: RequestView, approver: str) -> bool:
-    """A named backup approver may decide a request once it was offered to the backups (its first deadline
-    passed unanswered)."""
-    return view.offered_to_backups and approver in p.plan.approval.backups
+def _backup_may(p: Projection, view: RequestView, approver: str, at: datetime) -> bool:
+    """A named backup approver may decide a request that its first deadline passed unanswered (it is offered
+    to the backups then, whether or not the workflow has marked that yet)."""
+    first = view.request.deadline
+    return approver in p.plan.approval.backups and first is not None and at > first
+
+
+def final_deadline(p: Projection, view: RequestView) -> datetime | None:
+    """When a request times out: its deadline, or with backup approvers named, the backups' deadline."""
+    if view.backup_deadline is not None:
+        return view.backup_deadline
+    first = view.request.deadline
+    if first is None or not p.plan.approval.backups:
+        return first
+    return first + timedelta(seconds=p.plan.approval.backup_seconds)
+
+
+# ── floods: refusals beyond the first few on a request are counted, not recorded one by one ────────────
+
+SINGLE_REFUSALS: Final = 3  # refused decisions per request recorded one by one
+MAX_BURST_REASONS: Final = 30  # distinct reasons kept in one burst marker (the rest are counted)
+MAX_REASON: Final = 300
+
+
+def prior_rejections(events: Iterable[StoredEvent]) -> dict[str, int]:
+    """Request id ("" for none) -> refused decisions already recorded one by one for it."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if e.type == "SystemMarker" and e.payload.get("kind") == MarkerKind.REJECTED_INPUT.value:
+            rid = str(e.payload.get("request_id") or "")
+            counts[rid] = counts.get(rid, 0) + 1
+    return counts
+
+
+def bounded(
+    task_id: str, refused: Sequence[Ruling], prior: Mapping[str, int]
+) -> tuple[list[Ruling], list[NewEvent]]:
+    """Split one batch's refusals: the ones to record one by one (up to :data:`SINGLE_REFUSALS` per request,
+    counting ``prior``), and one ``REJECTED_BURST`` marker per request for the rest: their count, every
+    distinct reason (up to :data:`MAX_BURST_REASONS`, the rest counted) and each decision's reason by its ref,
+    so its sender still finds the ruling (a batch holds at most the workflow's batch size). Idempotent: a
+    retried batch produces the same markers under the same keys."""
+    single: list[Ruling] = []
+    rest: dict[str, list[Ruling]] = {}
+    seen = dict(prior)
+    refs: set[str] = set()
+    for r in refused:
+        if r.ref in refs:
+            continue  # the same decision twice in one batch: ruled on once
+        refs.add(r.ref)
+        rid = r.request_id or ""
+        if seen.get(rid, 0) < SINGLE_REFUSALS:
+            seen[rid] = seen.get(rid, 0) + 1
+            single.append(r)
+        else:
+            rest.setdefault(rid, []).append(r)
+    bursts = []
+    for rid, rulings in rest.items():
+        reasons: list[str] = []
+        by_ref: dict[str, int] = {}
+        uncounted = 0
+        for r in rulings:
+            reason = (r.rejection or "")[:MAX_REASON]
+            if reason not in reasons and len(reasons) < MAX_BURST_REASONS:
+                reasons.append(reason)
+            if reason in reasons:
+                by_ref[r.ref] = reasons.index(reason)
+            else:
+                by_ref[r.ref] = -1  # refused for a reason beyond the ones kept
+                uncounted += 1
+        detail = {"count": len(rulings), "reasons": reasons, "refs": by_ref, "other_reasons": uncounted}
+        digest = hashlib.sha256("\n".join(sorted(by_ref)).encode()).hexdigest()[:32]
+        marker = SystemMarker(
+            kind=MarkerKind.REJECTED_BURST,
+            request_id=rid or None,
+            node=rulings[0].node,
+            detail=json.dumps(detail, sort_keys=True),
+        )
+        bursts.append(to_new(marker, dedup_key=rejected_burst_key(task_id, rid or "-", digest)))
+    return single, bursts
+
+
+def burst_reasons(marker: SystemMarker) -> dict[str, str]:
+    """A ``REJECTED_BURST`` marker's refusals: decision ref -> reason."""
+    detail = json.loads(marker.detail)
+    reasons: list[str] = detail["reasons"]
+    other = f"refused (one of {detail['other_reasons']} reasons not kept in a burst of {detail['count']})"
+    return {ref: reasons[i] if i >= 0 else other for ref, i in detail["refs"].items()}
 
 
 def conflict(task_id: str, raw: Any, existing: StoredEvent) -> Ruling:

@@ -152,6 +152,14 @@ class ApprovalPolicy(_Strict):
     # both empty means any approver the workers hold a key for.
     approvers: tuple[Ident, ...] = ()
     approvers_by_kind: dict[RequestKindName, tuple[Ident, ...]] = Field(default_factory=dict)
+    # Seed 003's named backups: a request not answered by its deadline is offered to these approvers for
+    # ``backup_timeout`` more seconds (default: ``timeout`` again) before the timeout policy applies.
+    backups: tuple[Ident, ...] = ()
+    backup_timeout: Seconds | None = None
+
+    @property
+    def backup_seconds(self) -> float:
+        return self.backup_timeout if self.backup_timeout is not None else self.timeout
 
 
 class ReviewConfig(_Strict):

@@ -162,10 +162,21 @@ class RequestView:
     timed_out: bool = False
     applied: bool = False  # the timeout policy's consequence has been recorded
     resolves: str | None = None  # for an escalation: the timed-out request it stands in for
+    # Its first deadline passed unanswered: the plan's backup approvers may decide it until this deadline.
+    backup_deadline: datetime | None = None
 
     @property
     def open(self) -> bool:
         return self.decision is None and not self.timed_out
+
+    @property
+    def offered_to_backups(self) -> bool:
+        return self.backup_deadline is not None
+
+    @property
+    def deadline(self) -> datetime | None:
+        """When the request times out (its first deadline, or the backups' if it was offered to them)."""
+        return self.backup_deadline or self.request.deadline
 
 
 @dataclass(slots=True)
@@ -496,6 +507,10 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
             if r.request.timeout_policy == TimeoutPolicy.APPROVE:
                 _grant(p, r, HumanDecisionType.APPROVE)
                 r.applied = True
+    elif e.kind == MarkerKind.BACKUPS_OFFERED and e.request_id in p.requests:
+        r = p.requests[e.request_id]
+        if r.open and r.backup_deadline is None and r.request.deadline is not None:
+            r.backup_deadline = r.request.deadline + timedelta(seconds=p.plan.approval.backup_seconds)
     elif e.kind == MarkerKind.VOID and e.node in p.nodes:
         node = p.nodes[e.node]
         stage = p.graph.nodes[e.node].stage.id
@@ -531,7 +546,10 @@ def _apply_human(p: Projection, e: HumanDecision) -> None:
     if e.decision == HumanDecisionType.ABORT:
         p.aborted_by = e.approver
         return
-    if e.decision == HumanDecisionType.ADD_BUDGET and e.amount is not None:
+    # An add_budget on the task's own scope raises its ceiling; on a scope above, that account rose (in the
+    # ledger's budget_accounts), not this ceiling.
+    raises_task = e.scope is None or e.scope == f"task:{p.task_id}"
+    if e.decision == HumanDecisionType.ADD_BUDGET and e.amount is not None and raises_task:
         p.ceiling += e.amount
     _grant(p, r, e.decision)
 
@@ -712,7 +730,8 @@ def summary(p: Projection) -> dict[str, Any]:
                 "node": r.request.node,
                 "reason": r.request.reason,
                 "options": [o.value for o in r.request.options],
-                "deadline": r.request.deadline.isoformat() if r.request.deadline else None,
+                "deadline": r.deadline.isoformat() if r.deadline else None,
+                "offered_to_backups": r.offered_to_backups,
             }
             for r in p.requests.values()
             if r.open

@@ -8,6 +8,7 @@ lets an audit recompute every decision from the ledger.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,7 +29,7 @@ from rules.actions import (
     Wait,
 )
 from rules.admission import admits
-from rules.events import FailureKind, Verdict
+from rules.events import FailureKind, MarkerKind, Verdict
 from rules.inputs import input_hash, reference, sources
 from rules.keys import gate_key, operation_key
 from rules.people import context_package
@@ -49,8 +50,9 @@ class Rule:
     doc: str
 
 
-def escalate(p: Projection, reason: str, *, node: str | None = None) -> Escalate:
-    """A semi-terminal escalation: the task stops and a person may resume it."""
+def escalate(p: Projection, reason: str, *, node: str | None = None, scope: str | None = None) -> Escalate:
+    """A semi-terminal escalation: the task stops and a person may resume it. ``scope``: the budget scope
+    that refused, for a budget escalation."""
     n = sum(1 for r in p.requests.values() if r.request.kind == RequestKind.ESCALATION) + 1
     request = HumanRequest(
         id=f"escalation:{n}",
@@ -58,6 +60,7 @@ def escalate(p: Projection, reason: str, *, node: str | None = None) -> Escalate
         reason=reason,
         node=node,
         options=_RESUME_OPTIONS,
+        budget_scope=scope,
         context=context_package(p, RequestKind.ESCALATION, node, _RESUME_OPTIONS),
     )
     return Escalate(reason=reason, terminal=False, request=request)
@@ -351,11 +354,15 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
 
 # How an escalation for a dispatch the budget does not admit begins (the rules' admission, or the ledger's).
 BUDGET_REFUSED: Final = "pre-dispatch budget insufficient for {node}: "
+# ledger.errors.BudgetRefused's message names the scope that refused first.
+_REFUSED_SCOPE: Final = re.compile(r"budget refused: ((?:project|episode|task):\S+) has ")
 
 
 def budget_refused(p: Projection, node: str, why: str) -> Escalate:
-    """The escalation when the ledger refuses a dispatch's reservation on a scope above the task."""
-    return escalate(p, BUDGET_REFUSED.format(node=node) + why, node=node)
+    """The escalation when the ledger refuses a dispatch's reservation on a scope above the task. ``why`` is
+    the ledger's BudgetRefused message (``budget refused: SCOPE has …``): an add_budget raises that scope."""
+    found = _REFUSED_SCOPE.match(why)
+    return escalate(p, BUDGET_REFUSED.format(node=node) + why, node=node, scope=found[1] if found else None)
 
 
 def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime) -> Action:
@@ -468,19 +475,25 @@ def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
     return None
 
 
-def past_deadline(p: Projection, now: datetime) -> list[tuple[str, str | None]]:
-    """The open requests whose deadline has passed at ``now`` (request id, node): the timeouts to mark."""
+def past_deadline(p: Projection, now: datetime) -> list[tuple[str, str | None, MarkerKind]]:
+    """The open requests whose deadline has passed at ``now``, and what to mark: ``backups_offered`` when
+    the plan names backup approvers and the request was not offered to them yet, else ``timeout``."""
+    backups = bool(p.plan.approval.backups)
     return [
-        (rid, r.request.node)
+        (
+            rid,
+            r.request.node,
+            MarkerKind.TIMEOUT if r.offered_to_backups or not backups else MarkerKind.BACKUPS_OFFERED,
+        )
         for rid, r in p.requests.items()
-        if r.open and r.request.deadline is not None and r.request.deadline <= now
+        if r.open and (d := r.deadline) is not None and d <= now
     ]
 
 
 def next_deadline(p: Projection, now: datetime) -> datetime | None:
     """The earliest future instant at which a rule could start matching without a new event."""
     candidates = [_deadline(p)]
-    candidates += [r.request.deadline for r in p.requests.values() if r.open and r.request.deadline]
+    candidates += [d for r in p.requests.values() if r.open and (d := r.deadline) is not None]
     candidates += [r for n in p.failed if (r := p.nodes[n].retry_at) is not None]
     future = [c for c in candidates if c > now]
     return min(future) if future else None

@@ -19,6 +19,8 @@ from vendors.routes import RouteError, RouteTable, VendorMode, load_table
 
 STATE_DIR = Path(".ledgerflow")
 STACK_FILE = STATE_DIR / "stack.json"
+SIM_VENDOR_KEY = "sim-vendor-key"  # the simulator's keys: defaults in dev mode, refused outside it
+SIM_LLM_KEY = "sim-llm-key"
 
 
 class Settings(BaseSettings):
@@ -33,8 +35,8 @@ class Settings(BaseSettings):
     vendor_url: str | None = None
     llm_url: str | None = None
     llm_model: str = "sim-planner-1"
-    vendor_api_key: SecretStr = SecretStr("sim-vendor-key")
-    llm_api_key: SecretStr = SecretStr("sim-llm-key")
+    vendor_api_key: SecretStr = SecretStr(SIM_VENDOR_KEY)
+    llm_api_key: SecretStr = SecretStr(SIM_LLM_KEY)
     artifact_dir: Path = Field(default=STATE_DIR / "artifacts")
     # Where artifacts live: None → the local directory above; ``s3://bucket/prefix`` → an S3-compatible
     # store shared by workers on several hosts (endpoint and keys from AWS_ENDPOINT_URL or
@@ -117,17 +119,29 @@ class Settings(BaseSettings):
     def resolved_llm_url(self) -> str:
         return self.llm_url or self.resolved_vendor_url()
 
+    def default_secret(self) -> str | None:
+        """The first secret still at its simulator default, named by its setting (None if there is none)."""
+        for name, value, default in (
+            ("LEDGERFLOW_VENDOR_API_KEY", self.vendor_api_key, SIM_VENDOR_KEY),
+            ("LEDGERFLOW_LLM_API_KEY", self.llm_api_key, SIM_LLM_KEY),
+        ):
+            if value.get_secret_value() == default:
+                return f"{name} is the simulator's default key: set the real one (or LEDGERFLOW_ENV=dev)"
+        return None
+
     @property
     def dev(self) -> bool:
         """Dev mode: LEDGERFLOW_ENV=dev, or the embedded stack's stack.json says so."""
         return (self.env or str(self.stack().get("env") or "")) == "dev"
 
     def review_token_map(self) -> dict[str, str]:
-        """The reviewer page's tokens. ConfigError (naming no token) if not a JSON object of non-empty strings."""
+        """The reviewer page's tokens. ConfigError (naming no token) if not a JSON object of strings."""
         try:
             tokens = json.loads(self.review_tokens.get_secret_value())
         except ValueError:
             raise ConfigError("LEDGERFLOW_REVIEW_TOKENS is not valid JSON") from None
+        if tokens == {} and self.dev:
+            tokens = self.stack().get("review_tokens") or {}  # the embedded stack's, made by `ledgerflow up`
         if not isinstance(tokens, dict) or not all(
             isinstance(k, str) and k and isinstance(v, str) and len(v) >= 16 for k, v in tokens.items()
         ):

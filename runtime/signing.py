@@ -97,7 +97,9 @@ def generate(approver: str, key_id: str) -> ApproverKey:
 def demo_key(approver: str) -> ApproverKey:
     """The dev-mode key of a demo approver: derived from a public seed, so never secret."""
     seed = hashlib.sha256(f"ledgerflow demo approver {approver}".encode()).digest()
-    return ApproverKey(key_id=f"demo-{approver}", approver=approver, private=Ed25519PrivateKey.from_private_bytes(seed))
+    return ApproverKey(
+        key_id=f"demo-{approver}", approver=approver, private=Ed25519PrivateKey.from_private_bytes(seed)
+    )
 
 
 def demo_public_keys() -> frozenset[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
-import json
 import os
 import shutil
 import sys
@@ -37,16 +36,19 @@ from temporalio.testing import WorkflowEnvironment
 from ledger.recorder import Recorder
 from ledgerflow import pg
 from ledgerflow.stack import TEMPORAL_PRAGMAS
+from rules.approvers import KeyRecord
 from rules.plan import Plan, load_plan
 from runtime.settings import Settings
+from runtime.signing import DEMO_APPROVERS, demo_key
 from vendors.routes import RouteTable
 from vendors.simulator import BackgroundSimulator, SimConfig
 from workflows.contracts import TaskInput, TaskResult, workflow_id
 from workflows.task import TaskWorkflow
 
 SIM_KEY = "sk-test-4f1c9e"
-# Approver signing keys the test worker verifies decisions with (tests sign with them: rules.people.sign).
-APPROVER_KEYS = {"director": "director-k", "producer": "producer-k", "editor": "editor-k"}
+# The tests run in dev mode (every process they start inherits it): the demo approvers' keys are registered
+# (``demo_keys``) and tests sign with them (runtime.signing.demo_key).
+os.environ["LEDGERFLOW_ENV"] = "dev"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -77,6 +79,7 @@ def recorder(pg_url: str) -> Iterator[Recorder]:
     """A recorder on ``pg_url`` with the ledger schema created."""
     rec = Recorder(pg_url, pool_size=10)
     rec.create_schema()
+    register_demo_keys(rec)
     try:
         yield rec
     finally:
@@ -213,6 +216,16 @@ def sim_key() -> str:
     return SIM_KEY
 
 
+def register_demo_keys(rec: Recorder) -> None:
+    """The demo approvers (director, producer, editor) in the key registry, once per database."""
+    registered = rec.key_registry()
+    for name in DEMO_APPROVERS:
+        key = demo_key(name)
+        if key.key_id not in registered:
+            record = KeyRecord(key_id=key.key_id, approver=name, public_key=key.public_key)
+            rec.add_key(record, actor="tests", reason="dev mode: a demo approver")
+
+
 def new_task_id() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
@@ -249,7 +262,7 @@ async def running_ledgerflow(
         llm_api_key=SIM_KEY,
         artifact_dir=workdir / "artifacts",
         poll_interval_seconds=0.02,
-        approver_keys=json.dumps(APPROVER_KEYS),
+        env="dev",
         **overrides,
     )
     async with AsyncExitStack() as stack:

@@ -44,10 +44,13 @@ with workflow.unsafe.imports_passed_through():
         ReadInput,
     )
     from activities.models import (
+        ArrivalsInput,
         CloseInput,
         GateInput,
         LlmDecideInput,
+        Received,
         RecordDecisionInput,
+        RecordDecisionsInput,
         StageInput,
         SweepInput,
     )
@@ -63,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         to_new,
     )
     from rules.keys import (
+        backups_key,
         closing_key,
         effect_key,
         intent_key,
@@ -71,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         result_key,
     )
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
+    from rules.people import decision_ref, final_deadline
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import budget_refused, decide, past_deadline
     from workflows.contracts import TaskInput, TaskResult
@@ -100,6 +105,11 @@ OPERATION_CLOSE = "operation-close-v1"
 ADOPT_BEFORE_WAIT = "adopt-before-wait-v1"
 # A dispatch's INTENT is written by its executor (runs recorded before wrote it with a local activity first).
 INTENT_IN_EXECUTOR = "intent-in-executor-v1"
+# People's decisions: ruled on in batches with the time each reached Temporal (runs recorded before: one at a
+# time); a deadline already past when the loop comes to wait is marked at once, not dropped; and decisions
+# waiting in the inbox are ruled on before a timeout is marked (the one that arrived in time wins).
+FAIR_DECISIONS = "fair-decisions-v1"
+DECISION_BATCH = 100
 # Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
 # cancels and records, and it may have to wait until a maybe-sent request is provably absent.
 CLOSE_TIMEOUT = timedelta(minutes=10)
@@ -144,7 +154,8 @@ class TaskWorkflow:
         self._arrived: list[StoredEvent] = []  # result events executors returned, not yet folded
         self._fenced: str | None = None  # set when an executor learns another run holds the task
         self._started: set[str] = set()  # operation keys this run has started an executor for
-        self._inbox: list[Any] = []  # decisions signalled by people, not yet validated and recorded
+        # Decisions signalled by people, not yet validated and recorded, and the workflow time they arrived.
+        self._inbox: list[tuple[Any, datetime]] = []
         self._to_write: dict[str, NewEvent] = {}  # operation key -> the INTENT its executor is to write
         self._intents_in_executor = False  # this run's executors write their INTENTs (INTENT_IN_EXECUTOR)
         self._refused: list[tuple[str, str]] = []  # (operation key, why): INTENTs the ledger refused to write
@@ -152,8 +163,8 @@ class TaskWorkflow:
     @workflow.signal(name="decide")
     def decide_signal(self, decision: Any) -> None:
         """A person's decision. Taken as raw JSON on purpose: a malformed or unsigned payload must still be
-        seen, rejected and audited by ``people.record`` (the workflow never trusts or drops it silently)."""
-        self._inbox.append(decision)
+        seen, rejected and audited by ``people.record_batch`` (the workflow never trusts or drops it)."""
+        self._inbox.append((decision, workflow.now()))
         self._woken = True
 
     @workflow.query(name="status")
@@ -533,12 +544,36 @@ class TaskWorkflow:
     async def _take_decisions(self, p: Projection) -> None:
         """Validate and record each signalled decision (authenticated, authorised, first one wins) before
         acting on anything: a decision exists for the loop only once it is in the ledger."""
+        if self._inbox and not workflow.patched(FAIR_DECISIONS):
+            while self._inbox:  # how runs recorded before FAIR_DECISIONS took them: one at a time
+                raw, _ = self._inbox.pop(0)
+                new = await self._ledger(
+                    "people.record", RecordDecisionInput(task_id=p.task_id, decision=raw, after=p.watermark)
+                )
+                self._apply(p, new)
         while self._inbox:
-            raw = self._inbox.pop(0)
-            new = await self._ledger(
-                "people.record", RecordDecisionInput(task_id=p.task_id, decision=raw, after=p.watermark)
-            )
-            self._apply(p, new)
+            batch, self._inbox = self._inbox[:DECISION_BATCH], self._inbox[DECISION_BATCH:]
+            received = await self._arrivals(p, batch)
+            record = RecordDecisionsInput(task_id=p.task_id, decisions=received, after=p.watermark)
+            self._apply(p, await self._ledger("people.record_batch", record))
+
+    async def _arrivals(self, p: Projection, batch: list[tuple[Any, datetime]]) -> list[Received]:
+        """Each decision with the time it reached Temporal. The workflow time it was handled at is never
+        earlier than that, so it is exact enough unless it is past the deadline of the request the decision
+        names (a worker was down or busy): then the signal's own time in the history decides."""
+        late: list[str] = []
+        for raw, at in batch:
+            rid = raw.get("request_id") if isinstance(raw, dict) else None
+            view = p.requests.get(rid) if isinstance(rid, str) else None
+            deadline = final_deadline(p, view) if view is not None and view.open else None
+            if deadline is not None and at > deadline:
+                late.append(decision_ref(raw))
+        found: dict[str, datetime] = {}
+        if late:
+            info = workflow.info()
+            ask = ArrivalsInput(workflow_id=info.workflow_id, run_id=info.run_id, refs=late)
+            found = await self._local("people.arrivals", ask, dict[str, datetime])
+        return [Received(decision=raw, received_at=found.get(decision_ref(raw), at)) for raw, at in batch]
 
     async def _alarm(self, at: datetime) -> None:
         await workflow.sleep(max(timedelta(0), at - workflow.now()))
@@ -556,18 +591,31 @@ class TaskWorkflow:
             # The time ceiling has its own alarm (started once); only nearer deadlines need a timer here, so
             # an ordinary wake does not start and cancel a timer each iteration.
             timeout = max(timedelta(0), action.until - workflow.now())
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(lambda: self._woken, timeout=timeout)
+        # A deadline that passed while the loop was busy has no timer to wake it (the rules' next deadline is
+        # a future one): mark it now rather than wait, maybe until the time ceiling.
+        overdue = bool(past_deadline(p, workflow.now())) and workflow.patched(FAIR_DECISIONS)
+        if not overdue:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._woken, timeout=timeout)
         self._woken = False
         caught_up = self._fold_arrived(p)
         now = workflow.now()
-        for rid, node in past_deadline(p, now):
+        if self._inbox and past_deadline(p, now) and workflow.patched(FAIR_DECISIONS):
+            # Decisions first: one that reached Temporal before the deadline wins over the timeout, even if
+            # no worker was up at the deadline (people.arrivals finds when it arrived).
+            await self._take_decisions(p)
+            caught_up = True  # the batch returned everything after the watermark
+        for rid, node, kind in past_deadline(p, now):
             if not p.requests[rid].open:
                 continue  # resolved by what the previous mark returned
             # The timer only marks the timeout; the rules apply the policy. The same resolution key as a human
-            # decision, so exactly one resolution of a request can exist.
-            marker = SystemMarker(kind=MarkerKind.TIMEOUT, request_id=rid, node=node)
-            await self._mark(p, to_new(marker, dedup_key=resolution_key(p.task_id, rid)))
+            # decision, so exactly one resolution of a request can exist. With backup approvers named, the
+            # first deadline offers the request to them instead (its deadline moves to theirs).
+            marker = SystemMarker(kind=kind, request_id=rid, node=node)
+            key = (
+                resolution_key(p.task_id, rid) if kind == MarkerKind.TIMEOUT else backups_key(p.task_id, rid)
+            )
+            await self._mark(p, to_new(marker, dedup_key=key))
             caught_up = True  # the mark returned everything after the watermark
         if not caught_up:
             new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))

@@ -16,6 +16,7 @@ from faultkit import (
 
 from ledgerflow.people import send, signed_payload
 from runtime.settings import Settings
+from runtime.signing import demo_key
 
 
 @pytest.mark.parametrize("point", ["polling", "artifact_staged"])
@@ -116,7 +117,7 @@ async def test_an_intent_written_just_after_a_decision_by_a_worker_that_died_is_
 
     await rig.wait_ledger(plan.task_id, asked, timeout=30, what="the approval asked")
     settings = Settings(temporal_address=rig.client.service_client.config.target_host)
-    payload = signed_payload(settings, plan.task_id, "approval:frame:v1", "approve", "director")
+    payload = signed_payload(demo_key("director"), plan.task_id, "approval:frame:v1", "approve")
     await send(settings, plan.task_id, payload)
     await w1.held("intent_recorded", op)
     seen = rig.events(plan.task_id)

@@ -3,10 +3,8 @@ context package, the queue's order and grouping, the dead-letter view."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -24,8 +22,10 @@ from ledgerflow.queue import (
     suggestion,
 )
 from rules.actions import Escalate, HumanDecisionType, RequestKind, SuspendForHuman
+from rules.approvers import KeyRecord
 from rules.events import FailureKind, HumanDecision, MarkerKind, SystemMarker
 from rules.people import (
+    Keys,
     Ruling,
     allowed_approvers,
     canonical,
@@ -36,12 +36,15 @@ from rules.people import (
     parse_decision,
     resolution_key,
     resolutions,
-    sign,
 )
 from rules.plan import PlanError, Value, validate_plan
+from runtime.signing import ApproverKey, demo_key, verify
 from vendors.routes import DEFAULT_ROUTES
 
-KEYS = {"director": "k-director", "producer": "k-producer", "editor": "k-editor"}
+KEYS = {name: demo_key(name) for name in ("director", "producer", "editor")}
+REGISTRY = {
+    k.key_id: KeyRecord(key_id=k.key_id, approver=k.approver, public_key=k.public_key) for k in KEYS.values()
+}
 APPROVE, ABORT, RESUME, ADD = (
     HumanDecisionType.APPROVE,
     HumanDecisionType.ABORT,
@@ -57,20 +60,25 @@ def payload(
     *,
     task_id: str = TASK,
     amount: str | None = None,
+    scope: str | None = None,
     note: str = "",
-    key: str | None = None,
+    key: ApproverKey | None = None,
     decision_id: str | None = None,
 ) -> dict[str, Any]:
+    """A decision signed the way the CLI and the reviewer page sign it (Ed25519 over ``canonical``)."""
     did = decision_id or str(uuid.uuid4())
-    secret = key or KEYS[approver]
+    signer = key or KEYS[approver]
+    message = canonical(task_id, did, request_id, decision, approver, signer.key_id, amount, scope, note)
     return {
         "decision_id": did,
         "request_id": request_id,
         "decision": decision,
         "approver": approver,
+        "key_id": signer.key_id,
         "note": note,
         "amount": amount,
-        "signature": sign(secret, task_id, did, request_id, decision, approver, amount, note),
+        "scope": scope,
+        "signature": signer.sign(message),
     }
 
 
@@ -83,23 +91,39 @@ def approval(**policy: Any) -> tuple[History, str]:
     return h, action.request.id
 
 
-def rule_on(h: History, raw: Any, keys: dict[str, str] = KEYS) -> Ruling:
-    return evaluate(TASK, raw, h.fold(), keys, resolutions(h.events, TASK))
+def rule_on(
+    h: History, raw: Any, registry: dict[str, KeyRecord] = REGISTRY, at: datetime | None = None
+) -> Ruling:
+    keys = Keys(registry=registry, verify=verify)
+    return evaluate(TASK, raw, h.fold(), keys, at or h.now, resolutions(h.events, TASK))
 
 
 # ── signing ──────────────────────────────────────────────────────────────────────────────────────────
 
 
-def test_the_canonical_message_is_the_fields_in_order_with_the_note_last() -> None:
-    msg = canonical("t1", "d-1", "approval:a:v1", "add_budget", "producer", "5.5", "line one\nline two")
-    assert msg == "t1\nd-1\napproval:a:v1\nadd_budget\nproducer\n5.5\nline one\nline two"
-    assert canonical("t1", "d", "r", APPROVE, "x", None, "") == "t1\nd\nr\napprove\nx\n\n"
+def test_the_canonical_message_is_a_version_line_then_the_fields_in_order_with_the_note_last() -> None:
+    msg = canonical(
+        "t1", "d-1", "approval:a:v1", "add_budget", "producer", "k1", "5.5", "project:p", "line one\nline two"
+    )
+    assert msg == (
+        "ledgerflow-decision-v2\nt1\nd-1\napproval:a:v1\nadd_budget\nproducer\nk1\n5.5\nproject:p\n"
+        "line one\nline two"
+    )
+    assert (
+        canonical("t1", "d", "r", APPROVE, "x", "k", None, None, "")
+        == "ledgerflow-decision-v2\nt1\nd\nr\napprove\nx\nk\n\n\n"
+    )
 
 
-def test_sign_is_hmac_sha256_over_the_canonical_message() -> None:
-    expected = hmac.new(b"key", b"t1\nd\nr\napprove\nx\n\nok", hashlib.sha256).hexdigest()
-    assert sign("key", "t1", "d", "r", "approve", "x", None, "ok") == expected
-    assert sign("key", "t2", "d", "r", "approve", "x", None, "ok") != expected  # the task is signed
+def test_signatures_are_ed25519_over_the_canonical_message_of_one_task() -> None:
+    key = KEYS["director"]
+    message = canonical("t1", "d", "r", "approve", "director", key.key_id, None, None, "ok")
+    signature = key.sign(message)
+    assert len(signature) == 128 and verify(key.public_key, message, signature)
+    other_task = canonical("t2", "d", "r", "approve", "director", key.key_id, None, None, "ok")
+    assert not verify(key.public_key, other_task, signature)  # the task is signed
+    assert not verify(KEYS["producer"].public_key, message, signature)  # another key's public half
+    assert not verify(key.public_key, message, "00" * 64)
 
 
 def test_decision_ref_is_the_decision_id_or_a_stable_digest() -> None:
@@ -122,9 +146,9 @@ def test_decision_ref_is_the_decision_id_or_a_stable_digest() -> None:
         ({"decision_id": "x", "extra": 1, "signature": "s"}, "unknown field 'extra'"),
         ({}, "unsigned decision"),
         ({"signature": ""}, "unsigned decision"),
-        ({"signature": "a" * 64}, "decision_id is required"),
-        ({"signature": "a" * 64, "decision_id": 7}, "decision_id must be a string, got a number"),
-        ({"signature": "a" * 64, "decision_id": "ABC"}, "is not a lowercase UUID"),
+        ({"signature": "a" * 128}, "decision_id is required"),
+        ({"signature": "a" * 128, "decision_id": 7}, "decision_id must be a string, got a number"),
+        ({"signature": "a" * 128, "decision_id": "ABC"}, "is not a lowercase UUID"),
     ],
 )
 def test_malformed_payloads_get_one_line_reasons(raw: Any, needle: str) -> None:
@@ -140,14 +164,17 @@ def test_field_shapes_are_checked() -> None:
         "decision": ("Approve", "is not one of approve, resume, abort, add_budget"),
         "approver": ("../x", "is not a valid approver name"),
         "amount": ("1e3", "is not a decimal string"),
-        "signature": ("XYZ", "is not 64 lowercase hex digits"),
+        "signature": ("ab" * 32, "is not 128 lowercase hex digits"),
+        "key_id": ("a key", "is not a key id"),
+        "scope": ("org:x", "is not a budget scope"),
         "note": (["a"], "note must be a string"),
     }
     for field, (value, needle) in cases.items():
         problem = parse_decision({**good, field: value})
         assert isinstance(problem, str) and needle in problem, (field, problem)
     assert "longer than 2000" in str(parse_decision({**good, "note": "n" * 2001}))
-    assert not isinstance(parse_decision({k: v for k, v in good.items() if k not in ("note", "amount")}), str)
+    optional = ("note", "amount", "scope")
+    assert not isinstance(parse_decision({k: v for k, v in good.items() if k not in optional}), str)
 
 
 # ── the ruling ───────────────────────────────────────────────────────────────────────────────────────
@@ -159,7 +186,12 @@ def test_a_valid_decision_is_accepted_with_its_id() -> None:
     ruling = rule_on(h, p)
     assert ruling.accepted and ruling.rejection is None and not ruling.duplicate
     assert ruling.decision == HumanDecision(
-        request_id=rid, decision=APPROVE, approver="director", note="ship it", decision_id=p["decision_id"]
+        request_id=rid,
+        decision=APPROVE,
+        approver="director",
+        note="ship it",
+        decision_id=p["decision_id"],
+        key_id="demo-director",
     )
     assert ruling.raise_ceiling is None and ruling.node == "a"
 
@@ -167,10 +199,11 @@ def test_a_valid_decision_is_accepted_with_its_id() -> None:
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        ({"signature": "0" * 64}, "bad signature for approver 'director'"),
+        ({"signature": "0" * 128}, "bad signature for key 'demo-director'"),
         ({"decision": "abort"}, "bad signature"),  # altered after signing
         ({"note": "changed"}, "bad signature"),
-        ({"approver": "mallory"}, "unknown approver 'mallory'"),
+        ({"approver": "mallory"}, "bad signature"),  # the approver is signed too
+        ({"key_id": "nobody-1"}, "unknown key 'nobody-1'"),
     ],
 )
 def test_authentication_refuses_forged_or_altered_or_unknown(change: dict[str, Any], needle: str) -> None:
@@ -182,8 +215,11 @@ def test_authentication_refuses_forged_or_altered_or_unknown(change: dict[str, A
 def test_a_decision_signed_for_another_task_or_with_another_key_is_refused() -> None:
     h, rid = approval()
     assert "bad signature" in (rule_on(h, payload(rid, task_id="other")).rejection or "")
-    assert "bad signature" in (rule_on(h, payload(rid, key="k-producer")).rejection or "")
-    assert "unknown approver" in (rule_on(h, payload(rid), keys={}).rejection or "")  # no keys configured
+    forged = payload(rid, key=KEYS["producer"]) | {"key_id": "demo-director"}  # producer's key, director's id
+    assert "bad signature" in (rule_on(h, forged).rejection or "")
+    assert "unknown key" in (rule_on(h, payload(rid), registry={}).rejection or "")  # an empty registry
+    mallory = payload(rid, approver="mallory", key=KEYS["producer"])  # a valid signature, not the key's owner
+    assert rule_on(h, mallory).rejection == "key demo-producer belongs to producer, not mallory"
 
 
 def test_authorisation_per_kind_then_plan_approvers_then_anyone_with_a_key() -> None:
@@ -235,7 +271,7 @@ def test_add_budget_amounts_are_validated(amount: str | None, needle: str) -> No
 def test_add_budget_raises_the_task_ceiling() -> None:
     h, rid = _escalated()
     ruling = rule_on(h, payload(rid, "add_budget", "producer", amount="12.5"))
-    assert ruling.accepted and ruling.raise_ceiling == Decimal("12.5")
+    assert ruling.accepted and ruling.raise_ceiling == ("task:t1", Decimal("12.5"))
     assert ruling.decision is not None and ruling.decision.amount == Decimal("12.5")
 
 
@@ -269,7 +305,7 @@ def test_conflict_after_a_lost_insert_tells_the_loser_and_recognises_a_repeat() 
 
 def test_a_refusal_is_a_rejected_input_marker_under_the_decisions_own_key() -> None:
     h, rid = approval()
-    p = {**payload(rid), "signature": "f" * 64}
+    p = {**payload(rid), "signature": "f" * 128}
     ruling = rule_on(h, p)
     marker = ruling.marker()
     assert marker.kind == MarkerKind.REJECTED_INPUT and marker.request_id == rid and marker.node == "a"
@@ -453,7 +489,7 @@ def test_dead_letter_entries_show_the_original_request_every_attempt_and_the_cos
 
 def test_request_detail_lists_refused_answers() -> None:
     h, rid = approval()
-    ruling = rule_on(h, {**payload(rid), "signature": "e" * 64})
+    ruling = rule_on(h, {**payload(rid), "signature": "e" * 128})
     h.append(ruling.marker(), dedup_key=ruling.marker_key())
     detail = request_detail(h.fold(), h.events, rid)
     assert detail is not None
