@@ -36,6 +36,7 @@ from rules.people import (
     decision_ref,
     evaluate,
     prior_rejections,
+    refused_refs,
     resolutions,
 )
 from rules.projection import Projection, apply, fold
@@ -81,8 +82,10 @@ class PeopleActivities:
                         continue
                 if ruling.rejection is not None:
                     refused.append(ruling)
-            recorded = {e.dedup_key for e in events if e.type == "SystemMarker"}
-            refused = [r for r in refused if r.marker_key() not in recorded]  # a repeat: audited already
+            # A decision refused before (a repeated signal, or a batch retried after a worker lost it and
+            # made up again from other signals) is audited already: each refusal is counted once.
+            counted = refused_refs(events)
+            refused = [r for r in refused if r.ref not in counted]
             single, bursts = bounded(task_id, refused, prior_rejections(events))
             for ruling in single:
                 self.recorder.append_idempotent(

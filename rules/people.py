@@ -424,6 +424,20 @@ def prior_rejections(events: Iterable[StoredEvent]) -> dict[str, int]:
     return counts
 
 
+def refused_refs(events: Iterable[StoredEvent]) -> set[str]:
+    """The refs of every decision refused on record, one by one or in a burst."""
+    refs: set[str] = set()
+    for e in events:
+        if e.type != "SystemMarker":
+            continue
+        kind, detail = e.payload.get("kind"), str(e.payload.get("detail", ""))
+        if kind == MarkerKind.REJECTED_INPUT.value:
+            refs.add(detail.partition(": ")[0])
+        elif kind == MarkerKind.REJECTED_BURST.value:
+            refs.update(json.loads(detail)["refs"])
+    return refs
+
+
 def bounded(
     task_id: str, refused: Sequence[Ruling], prior: Mapping[str, int]
 ) -> tuple[list[Ruling], list[NewEvent]]:

@@ -361,7 +361,7 @@ _REFUSED_SCOPE: Final = re.compile(r"budget refused: ((?:project|episode|task):\
 def budget_refused(p: Projection, node: str, why: str) -> Escalate:
     """The escalation when the ledger refuses a dispatch's reservation on a scope above the task. ``why`` is
     the ledger's BudgetRefused message (``budget refused: SCOPE has …``): an add_budget raises that scope."""
-    found = _REFUSED_SCOPE.match(why)
+    found = _REFUSED_SCOPE.search(why)
     return escalate(p, BUDGET_REFUSED.format(node=node) + why, node=node, scope=found[1] if found else None)
 
 
