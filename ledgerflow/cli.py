@@ -85,7 +85,22 @@ def up(
     out.print(f"Temporal  {s['temporal_address']}   Web UI {s.get('ui_url')}")
     out.print(f"Postgres  {s['database_url']}")
     out.print(f"Vendor    {s['vendor_url']}")
+    out.print(
+        f"Review    {s['review_url']}   (demo approvers' tokens and key files in {get_settings().state_dir})"
+    )
     out.print(f"state in  {get_settings().state_dir / 'stack.json'}")
+
+
+@app.command()
+@friendly
+def review(
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8300,
+) -> None:
+    """Serve the reviewer page and its JSON API (approvers log in with LEDGERFLOW_REVIEW_TOKENS)."""
+    from ledgerflow.review import serve
+
+    serve(get_settings(), host, port)
 
 
 @app.command()

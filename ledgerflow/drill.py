@@ -206,6 +206,7 @@ async def run_drill(
         "LEDGERFLOW_VENDOR_API_KEY": "drill-key-1",
         "LEDGERFLOW_LLM_API_KEY": "drill-key-1",  # the simulator is the model vendor too: one key, rotated
         "LEDGERFLOW_ROUTE_PAUSE_RETRY_SECONDS": "1",
+        "LEDGERFLOW_ENV": "dev",  # a drill runs on the embedded stack: its producer signs with a demo key
     }
     if routes is not None:
         routes_file = (settings.state_dir / f"drill-routes-{mode}.yaml").resolve()

@@ -103,6 +103,17 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def start_review(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """The reviewer page (``ledgerflow review``), for the demo approvers (tokens in stack.json)."""
+    cmd = [sys.executable, "-m", "ledgerflow.cli", "review", "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True
+        )
+    wait_port("127.0.0.1", port)
+    return proc
+
+
 def read_stack(settings: Settings) -> dict[str, Any]:
     path = settings.state_dir / "stack.json"
     return dict(json.loads(path.read_text())) if path.exists() else {}
@@ -142,8 +153,16 @@ def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
         pids["simulator"] = start_simulator(port, logs / "simulator.log").pid
         vendor_url = f"http://127.0.0.1:{port}"
 
-    register_demo_keys(database_url, state / "keys")
+    rec = Recorder(database_url, pool_size=1)
+    try:
+        rec.create_schema()
+        register_demo_keys(rec, actor="ledgerflow up")
+    finally:
+        rec.dispose()
+    for name in DEMO_APPROVERS:  # their key files: `decide --as NAME` and the reviewer page use them
+        demo_key(name).write(state / "keys" / f"{name}.key")
     tokens = stack.get("review_tokens") or {a: secrets.token_urlsafe(24) for a in DEMO_APPROVERS}
+    review_url = stack.get("review_url")
     stack = {
         "env": "dev",
         "review_tokens": tokens,
@@ -155,41 +174,40 @@ def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
         "pids": pids,
         "logs": str(logs),
     }
+    env = {
+        "LEDGERFLOW_TEMPORAL_ADDRESS": temporal_address,
+        "LEDGERFLOW_DATABASE_URL": database_url,
+        "LEDGERFLOW_VENDOR_URL": vendor_url,
+        "LEDGERFLOW_ARTIFACT_DIR": str(state / "artifacts"),
+        "LEDGERFLOW_ENV": "dev",
+    }
     if with_worker and not alive(pids.get("worker")):
-        env = {
-            "LEDGERFLOW_TEMPORAL_ADDRESS": temporal_address,
-            "LEDGERFLOW_DATABASE_URL": database_url,
-            "LEDGERFLOW_VENDOR_URL": vendor_url,
-            "LEDGERFLOW_ARTIFACT_DIR": str(state / "artifacts"),
-            "LEDGERFLOW_ENV": "dev",
-        }
         pids["worker"] = start_worker(env, logs / "worker.log").pid
+    if not (alive(pids.get("review")) and review_url):
+        port = pg.free_port()
+        review_env = {**env, "LEDGERFLOW_REVIEW_TOKENS": json.dumps(tokens)}
+        pids["review"] = start_review(review_env, port, logs / "review.log").pid
+        review_url = f"http://127.0.0.1:{port}"
+    stack["review_url"] = review_url
     (state / "stack.json").write_text(json.dumps(stack, indent=2))
     return stack
 
 
-def register_demo_keys(database_url: str, keys_dir: Path) -> None:
-    """Dev mode: register the demo approvers' public keys (once) and write their key files (the CLI signs
-    with them by default in dev mode; the reviewer page imports them)."""
-    rec = Recorder(database_url, pool_size=1)
-    try:
-        rec.create_schema()
-        registered = rec.key_registry()
-        for name in DEMO_APPROVERS:
-            key = demo_key(name)
-            if key.key_id not in registered:
-                record = KeyRecord(key_id=key.key_id, approver=name, public_key=key.public_key)
-                rec.add_key(record, actor="ledgerflow up", reason="dev mode: a demo approver")
-            key.write(keys_dir / f"{name}.key")
-    finally:
-        rec.dispose()
+def register_demo_keys(rec: Recorder, *, actor: str) -> None:
+    """Dev mode: the demo approvers' public keys in the registry (once per database)."""
+    registered = rec.key_registry()
+    for name in DEMO_APPROVERS:
+        key = demo_key(name)
+        if key.key_id not in registered:
+            record = KeyRecord(key_id=key.key_id, approver=name, public_key=key.public_key)
+            rec.add_key(record, actor=actor, reason="dev mode: a demo approver")
 
 
 def down(settings: Settings) -> list[str]:
     """Stop every process of the embedded stack; returns what was stopped."""
     stack = read_stack(settings)
     stopped = []
-    for name in ("worker", "simulator", "temporal"):
+    for name in ("review", "worker", "simulator", "temporal"):
         pid = stack.get("pids", {}).get(name)
         if alive(pid):
             os.killpg(pid, signal.SIGTERM)

@@ -35,11 +35,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from ledger.recorder import Recorder
 from ledgerflow import pg
-from ledgerflow.stack import TEMPORAL_PRAGMAS
-from rules.approvers import KeyRecord
+from ledgerflow.stack import TEMPORAL_PRAGMAS, register_demo_keys
 from rules.plan import Plan, load_plan
 from runtime.settings import Settings
-from runtime.signing import DEMO_APPROVERS, demo_key
 from vendors.routes import RouteTable
 from vendors.simulator import BackgroundSimulator, SimConfig
 from workflows.contracts import TaskInput, TaskResult, workflow_id
@@ -79,7 +77,7 @@ def recorder(pg_url: str) -> Iterator[Recorder]:
     """A recorder on ``pg_url`` with the ledger schema created."""
     rec = Recorder(pg_url, pool_size=10)
     rec.create_schema()
-    register_demo_keys(rec)
+    register_demo_keys(rec, actor="tests")  # dev mode: the demo approvers sign the tests' decisions
     try:
         yield rec
     finally:
@@ -214,16 +212,6 @@ class Ledgerflow:
 def sim_key() -> str:
     """The simulator's API key, for tests that build their own vendor or chat client."""
     return SIM_KEY
-
-
-def register_demo_keys(rec: Recorder) -> None:
-    """The demo approvers (director, producer, editor) in the key registry, once per database."""
-    registered = rec.key_registry()
-    for name in DEMO_APPROVERS:
-        key = demo_key(name)
-        if key.key_id not in registered:
-            record = KeyRecord(key_id=key.key_id, approver=name, public_key=key.public_key)
-            rec.add_key(record, actor="tests", reason="dev mode: a demo approver")
 
 
 def new_task_id() -> str:

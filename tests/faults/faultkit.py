@@ -240,6 +240,7 @@ def worker_env(
         LEDGERFLOW_HEARTBEAT_TIMEOUT_SECONDS=str(HEARTBEAT_S),
         LEDGERFLOW_VENDOR_MODE=vendor_mode,
         LEDGERFLOW_MARKS="1",
+        LEDGERFLOW_ENV="dev",  # the demo approvers' keys are registered (tests/conftest.py)
         PYTHONUNBUFFERED="1",
     )
     if hold_at:

@@ -1,21 +1,17 @@
 """The reviewer page's test kit: login tokens, a plan with an approval whose node makes real media, the app
-served by a real uvicorn on a free port (in a thread, so the session's event loop keeps running the worker),
-and ``wait_open``."""
+served by a real uvicorn on a free port (in a thread, so the session's event loop keeps running the worker).
+Waiting for a request is ``peoplekit.wait_open``."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-
-from rules.projection import fold
 
 TOKENS = {"director": "director-review-token-1", "producer": "producer-review-token-1"}
 
@@ -36,19 +32,6 @@ stages:
     input: {format: mp4, duration_s: 1, width: 160, height: 96}
   - {id: cut, executor: llm.text, estimate: 1, depends_on: [shot]}
 """
-
-
-async def wait_open(lf: Any, task_id: str, prefix: str, timeout: float = 20.0) -> str:
-    """The id of the task's first open request starting with ``prefix``, once the ledger has one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = lf.recorder.read_events(task_id)
-        if events:
-            for rid, r in fold(events).requests.items():
-                if r.open and rid.startswith(prefix):
-                    return str(rid)
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no open {prefix!r} request in task {task_id}")
 
 
 @contextmanager

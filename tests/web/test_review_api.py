@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from reviewkit import SHOT_APPROVAL, TOKENS, wait_open
+from peoplekit import wait_open
+from reviewkit import SHOT_APPROVAL, TOKENS
 
 from ledgerflow import people
 from ledgerflow.review import create_app, serve

@@ -16,8 +16,9 @@ from contextlib import asynccontextmanager
 from decimal import Decimal
 from pathlib import Path
 
+from peoplekit import wait_open
 from playwright.async_api import Page, async_playwright, expect
-from reviewkit import SHOT_APPROVAL, TOKENS, served, wait_open
+from reviewkit import SHOT_APPROVAL, TOKENS, served
 
 from ledgerflow.review import create_app
 from rules.events import HumanDecision, parse

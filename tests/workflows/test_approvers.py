@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 import uuid
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
+from peoplekit import cli, markers, signal, wait_open
 from pydantic import SecretStr
 from temporalio.worker import Worker
 
@@ -28,7 +26,7 @@ from activities.models import Received, RecordDecisionsInput
 from activities.people import PeopleActivities
 from ledgerflow import people
 from rules.approvers import KeyRecord
-from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
+from rules.events import HumanDecision, MarkerKind, parse
 from rules.projection import fold
 from runtime.settings import SIM_VENDOR_KEY, ConfigError
 from runtime.signing import ApproverKey, demo_key, generate
@@ -43,50 +41,6 @@ stages:
   - {id: board, executor: llm.text, estimate: 1, approval: true}
   - {id: shots, executor: image.keyframe, estimate: 1, depends_on: [board]}
 """
-
-
-async def wait_open(lf, task_id: str, prefix: str, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = lf.recorder.read_events(task_id)
-        if events:
-            for rid, r in fold(events).requests.items():
-                if r.open and rid.startswith(prefix):
-                    return rid
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no open {prefix!r} request in task {task_id}")
-
-
-def markers(lf, task_id: str, kind: MarkerKind) -> list[SystemMarker]:
-    out = []
-    for e in lf.recorder.read_events(task_id):
-        event = parse(e)
-        if isinstance(event, SystemMarker) and event.kind == kind:
-            out.append(event)
-    return out
-
-
-async def signal(lf, task_id: str, payload: Any) -> None:
-    await lf.client.get_workflow_handle(workflow_id(task_id)).signal("decide", payload)
-
-
-async def cli(lf, tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    env = {
-        **os.environ,
-        "LEDGERFLOW_TEMPORAL_ADDRESS": str(lf.settings.temporal_address),
-        "LEDGERFLOW_DATABASE_URL": str(lf.settings.database_url),
-        "LEDGERFLOW_STATE_DIR": str(tmp_path),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).parent / "ledgerflow"),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await proc.communicate()
-    assert b"Traceback" not in out + err, err.decode()
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 # ── keys: rotation, revocation, expiry, through the CLI ──────────────────────────────────────────────

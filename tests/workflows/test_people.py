@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import sys
 import threading
 import time
 import uuid
@@ -19,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
+from peoplekit import cli, signal, wait_open
 from temporalio.client import WorkflowHandle
 from temporalio.worker import Worker
 
@@ -55,19 +53,6 @@ stages:
 # ── helpers ──────────────────────────────────────────────────────────────────────────────────────────
 
 
-async def wait_open(lf, task_id: str, prefix: str, timeout: float = 20.0) -> str:
-    """The id of the task's first open request starting with ``prefix``, once the ledger has one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = lf.recorder.read_events(task_id)
-        if events:
-            for rid, r in fold(events).requests.items():
-                if r.open and rid.startswith(prefix):
-                    return rid
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no open {prefix!r} request in task {task_id}")
-
-
 def sign(lf, task_id: str, request_id: str, decision: str, approver: str = "director", **kw: Any) -> dict:
     """A decision signed with a demo approver's key (registered in the tests' key registry: dev mode)."""
     return people.signed_payload(demo_key(approver), task_id, request_id, decision, **kw)
@@ -76,10 +61,6 @@ def sign(lf, task_id: str, request_id: str, decision: str, approver: str = "dire
 async def decide(lf, task_id: str, request_id: str, decision: str, approver: str = "director", **kw: Any):
     """``ledgerflow decide``'s path: sign with the approver's key, send, wait for the ruling."""
     return await people.decide(lf.settings, demo_key(approver), task_id, request_id, decision, **kw)
-
-
-async def signal(lf, task_id: str, payload: Any) -> None:
-    await lf.client.get_workflow_handle(workflow_id(task_id)).signal("decide", payload)
 
 
 async def ruling(lf, task_id: str, payload: dict, timeout: float = 10.0) -> people.Sent:
@@ -445,25 +426,6 @@ stages:
 
 
 # ── the command line ─────────────────────────────────────────────────────────────────────────────────
-
-
-async def cli(lf, tmp_path, *args: str) -> tuple[int, str, str]:
-    env = {
-        **os.environ,
-        "LEDGERFLOW_TEMPORAL_ADDRESS": str(lf.settings.temporal_address),
-        "LEDGERFLOW_DATABASE_URL": str(lf.settings.database_url),
-        "LEDGERFLOW_STATE_DIR": str(tmp_path),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).parent / "ledgerflow"),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await proc.communicate()
-    assert b"Traceback" not in out + err, err.decode()
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 async def test_the_cli_queue_request_decide_and_dlq(lf, sim, tmp_path):
