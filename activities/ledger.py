@@ -18,11 +18,11 @@ from ledger.recorder import Recorder
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import TaskCreated, to_new
 from rules.keys import created_key
-from rules.plan import Plan, budget_scopes
+from rules.plan import Plan, PlanError, Routes, budget_scopes, validate_plan
 from runtime.faults import mark
 
 # Errors a retry can never fix: the workflow's local-activity retry policy lists these as non-retryable.
-NON_RETRYABLE = ["StaleEpoch", "DuplicateEvent", "BudgetRefused"]
+NON_RETRYABLE = ["StaleEpoch", "DuplicateEvent", "BudgetRefused", "PlanInvalid"]
 
 
 class OpenTaskInput(BaseModel):
@@ -62,12 +62,22 @@ class ReadInput(BaseModel):
 class LedgerActivities:
     """Holds the recorder; each method is one short transaction (plus a read)."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, routes: Routes | None = None) -> None:
         self.recorder = recorder
+        self.routes = routes  # this deployment's routes: a new task's plan is validated against them
 
     @activity.defn(name="ledger.open_task")
     def open_task(self, inp: OpenTaskInput) -> OpenTaskResult:
-        """Take the task's fencing epoch (+1), write TaskCreated if absent, return the whole history."""
+        """Take the task's fencing epoch (+1), write TaskCreated if absent, return the whole history.
+
+        A new task's plan is validated first, exactly as ``ledgerflow submit`` validates it (graph, data,
+        routes, budget): a workflow started by any client with an invalid plan fails at once, with the
+        problem named, and nothing is written."""
+        if self.routes is not None and self.recorder.current_epoch(inp.task_id) is None:
+            try:
+                validate_plan(inp.plan.model_dump(mode="json", exclude_unset=True), self.routes)
+            except PlanError as e:
+                raise ApplicationError(f"invalid plan: {e}", type="PlanInvalid", non_retryable=True) from None
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id)

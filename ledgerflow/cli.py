@@ -140,7 +140,11 @@ def submit(
     parsed = lf.parse_plan(_read(plan), task_id)
     tid = parsed.task_id or f"task-{uuid.uuid4().hex[:12]}"
     result = asyncio.run(lf.submit(settings, parsed, tid, wait=wait))
-    _report_start(result, as_json, f"submitted task {tid} (workflow {result['workflow_id']})")
+    link = settings.task_ui_link(result["workflow_id"])
+    started = f"submitted task {tid} (workflow {result['workflow_id']})" + (
+        f"\nTemporal UI: {link}" if link else ""
+    )
+    _report_start({**result, "ui_url": link} if link else result, as_json, started)
 
 
 @app.command()
@@ -164,7 +168,7 @@ def _report_start(result: dict[str, Any], as_json: bool, started: str) -> None:
         money = f"spent {result.get('spent')} of {result.get('ceiling')}"
         out.print(f"task {result['task_id']}: {result['state']}  {money}")
     else:
-        out.print(started)
+        out.print(started, soft_wrap=True, highlight=False)
     if finished and result["state"] != "Completed":
         raise typer.Exit(1)
 
@@ -194,13 +198,19 @@ def status(
     task_id: str, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
 ) -> None:
     """Show a task's state, nodes, money and open requests."""
-    summary = asyncio.run(lf.status(get_settings(), task_id))
+    from workflows.contracts import workflow_id
+
+    settings = get_settings()
+    summary = asyncio.run(lf.status(settings, task_id))
+    link = settings.task_ui_link(workflow_id(task_id))
     if as_json:
-        out.print_json(json.dumps(summary, default=str))
+        out.print_json(json.dumps({**summary, "ui_url": link} if link else summary, default=str))
         return
     from ledgerflow.report import status_table
 
     out.print(status_table(summary))
+    if link:
+        out.print(f"Temporal UI: {link}", soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -454,6 +464,32 @@ def decide(
     (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
     if sent.status != "accepted":
         raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def sign(
+    request_id: Annotated[str, typer.Argument(help="TASK_ID/REQUEST_ID")],
+    decision: Annotated[str, typer.Argument(help="approve | resume | abort | add-budget")],
+    key_file: Annotated[
+        Path | None,
+        typer.Option("--key-file", envvar="LEDGERFLOW_KEY_FILE", help="your key file (signs the decision)"),
+    ] = None,
+    approver: Annotated[
+        str | None, typer.Option("--as", help="who decides (dev mode: a demo approver, no key file)")
+    ] = None,
+    amount: Annotated[str | None, typer.Option("--amount", help="for add-budget")] = None,
+    scope: Annotated[str | None, typer.Option("--scope", help="for add-budget: the budget scope")] = None,
+    note: Annotated[str, typer.Option("--note", help="why")] = "",
+) -> None:
+    """Print a signed decision (one JSON line) to send any way, e.g. with the stock Temporal CLI:
+    temporal workflow signal --workflow-id ledgerflow-task-T --name decide --input "$(ledgerflow sign …)"."""
+    from ledgerflow import people
+
+    task_id, rid = people.parse_global_id(request_id)
+    key = people.approver_key(get_settings(), key_file, approver)
+    payload = people.signed_payload(key, task_id, rid, decision, note=note, amount=amount, scope=scope)
+    sys.stdout.write(json.dumps(payload, separators=(",", ":")) + "\n")
 
 
 @app.command()

@@ -65,6 +65,7 @@ async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = F
             task_queue=settings.task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            static_summary=plan.goal[:200],
         )
     except WorkflowAlreadyStartedError:
         raise ClientError(

@@ -24,6 +24,7 @@ from rules.approvers import KeyRecord
 from runtime.process import process_alive
 from runtime.settings import Settings
 from runtime.signing import DEMO_APPROVERS, demo_key
+from workflows.contracts import SEARCH_ATTRIBUTES
 
 # SQLite pragmas for the dev server: WAL + synchronous=normal roughly double its throughput on small machines.
 TEMPORAL_PRAGMAS = ("--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal")
@@ -57,6 +58,25 @@ def wait_port(host: str, port: int, timeout: float = 30.0) -> None:
     raise StackError(f"nothing answered on {host}:{port} within {timeout:.0f}s")
 
 
+def port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` and it can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def search_attribute_flags() -> list[str]:
+    """``--search-attribute NAME=TYPE`` for each of the task's search attributes (workflows.contracts)."""
+    types = {2: "Keyword", 4: "Double", 5: "Bool"}
+    flags = []
+    for key in SEARCH_ATTRIBUTES:
+        flags += ["--search-attribute", f"{key.name}={types[key.indexed_value_type]}"]
+    return flags
+
+
 def start_temporal(state: Path, port: int, ui_port: int, log: Path) -> subprocess.Popen[bytes]:
     """Start ``temporal server start-dev`` on its SQLite file (kept across restarts)."""
     cmd = [
@@ -74,6 +94,7 @@ def start_temporal(state: Path, port: int, ui_port: int, log: Path) -> subproces
         "--log-level",
         "warn",
         *TEMPORAL_PRAGMAS,
+        *search_attribute_flags(),
     ]
     with log.open("ab") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -140,7 +161,9 @@ def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
     elif alive(pids.get("temporal")) and stack.get("temporal_address"):
         temporal_address, ui_url = stack["temporal_address"], stack.get("ui_url")
     else:
-        port, ui_port = pg.free_port(), pg.free_port()
+        # The standard ports when free, so the stock `temporal` CLI works without flags.
+        port = 7233 if port_free(7233) else pg.free_port()
+        ui_port = 8233 if port_free(8233) else pg.free_port()
         pids["temporal"] = start_temporal(state, port, ui_port, logs / "temporal.log").pid
         temporal_address, ui_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{ui_port}"
 

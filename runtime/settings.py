@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LEDGERFLOW_", extra="ignore")
 
     temporal_address: str | None = None
+    # The Temporal Web UI's base URL, for links to a task's page (the embedded stack's by default).
+    ui_url: str | None = None
     namespace: str = "default"
     task_queue: str = "ledgerflow"
     database_url: str | None = None
@@ -92,6 +94,13 @@ class Settings(BaseSettings):
         if path.exists():
             return dict(json.loads(path.read_text()))
         return {}
+
+    def task_ui_link(self, workflow_id: str) -> str | None:
+        """The task's page in the Temporal Web UI (LEDGERFLOW_UI_URL, else the embedded stack's), if known."""
+        base = self.ui_url or self.stack().get("ui_url")
+        return (
+            f"{str(base).rstrip('/')}/namespaces/{self.namespace}/workflows/{workflow_id}" if base else None
+        )
 
     def resolved_temporal_address(self) -> str:
         return self.temporal_address or str(self.stack().get("temporal_address") or "localhost:7233")

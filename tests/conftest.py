@@ -35,7 +35,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from ledger.recorder import Recorder
 from ledgerflow import pg
-from ledgerflow.stack import TEMPORAL_PRAGMAS, register_demo_keys
+from ledgerflow.stack import TEMPORAL_PRAGMAS, register_demo_keys, search_attribute_flags
 from rules.plan import Plan, load_plan
 from runtime.settings import Settings
 from vendors.routes import RouteTable
@@ -122,7 +122,7 @@ async def temporal(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
-        dev_server_extra_args=list(TEMPORAL_PRAGMAS),
+        dev_server_extra_args=[*TEMPORAL_PRAGMAS, *search_attribute_flags()],
     )
     try:
         yield env.client

@@ -6,11 +6,24 @@ building these pydantic models again for every workflow run.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, Field
+from temporalio.common import SearchAttributeKey
 
 from rules.plan import Plan
+
+# The task's custom search attributes: filter tasks in the Temporal UI or with
+# `temporal workflow list --query 'LedgerflowProject="p1" AND LedgerflowWaitingOnPerson=true'`.
+# Registered on the embedded dev server at start (ledgerflow.stack, tests/conftest.py) and by every worker
+# when missing (runtime.visibility); where a worker may not, once by hand (README).
+PROJECT: Final = SearchAttributeKey.for_keyword("LedgerflowProject")
+EPISODE: Final = SearchAttributeKey.for_keyword("LedgerflowEpisode")
+STATE: Final = SearchAttributeKey.for_keyword("LedgerflowTaskState")
+SPENT: Final = SearchAttributeKey.for_float("LedgerflowSpent")
+VERDICT: Final = SearchAttributeKey.for_keyword("LedgerflowVerdict")
+WAITING: Final = SearchAttributeKey.for_bool("LedgerflowWaitingOnPerson")
+SEARCH_ATTRIBUTES: Final = (PROJECT, EPISODE, STATE, SPENT, VERDICT, WAITING)
 
 
 class TaskInput(BaseModel):

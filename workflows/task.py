@@ -78,7 +78,7 @@ with workflow.unsafe.imports_passed_through():
     from rules.people import decision_ref, final_deadline
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import budget_refused, decide, past_deadline
-    from workflows.contracts import TaskInput, TaskResult
+    from workflows.contracts import EPISODE, PROJECT, SPENT, STATE, VERDICT, WAITING, TaskInput, TaskResult
 
 LEDGER_TIMEOUT = timedelta(seconds=30)
 LEDGER_RETRY = RetryPolicy(
@@ -109,6 +109,9 @@ INTENT_IN_EXECUTOR = "intent-in-executor-v1"
 # time); a deadline already past when the loop comes to wait is marked at once, not dropped; and decisions
 # waiting in the inbox are ruled on before a timeout is marked (the one that arrived in time wins).
 FAIR_DECISIONS = "fair-decisions-v1"
+# The task tells its story in the Temporal UI: search attributes upserted on state transitions and stage
+# completions (not per node: each upsert is a history event), the goal in the memo.
+UI_STORY = "ui-story-v1"
 DECISION_BATCH = 100
 # Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
 # cancels and records, and it may have to wait until a maybe-sent request is provably absent.
@@ -159,6 +162,7 @@ class TaskWorkflow:
         self._to_write: dict[str, NewEvent] = {}  # operation key -> the INTENT its executor is to write
         self._intents_in_executor = False  # this run's executors write their INTENTs (INTENT_IN_EXECUTOR)
         self._refused: list[tuple[str, str]] = []  # (operation key, why): INTENTs the ledger refused to write
+        self._told: tuple[object, ...] | None = None  # what the search attributes last said (UI_STORY)
 
     @workflow.signal(name="decide")
     def decide_signal(self, decision: Any) -> None:
@@ -183,6 +187,8 @@ class TaskWorkflow:
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
+        if workflow.patched(UI_STORY):
+            workflow.upsert_memo({"goal": p.plan.goal, "project": p.plan.project})
         while not p.terminal:
             if self._fenced is not None:
                 raise ApplicationError(
@@ -191,6 +197,7 @@ class TaskWorkflow:
             self._adopt_open_operations(p)
             await self._take_decisions(p)
             await self._take_refusals(p)
+            self._tell(p)
             if p.terminal:
                 break
             now = workflow.now()
@@ -219,7 +226,35 @@ class TaskWorkflow:
         # Decisions signalled while the task was ending are recorded too (rejected: the request is closed), so
         # every one of them is in the audit trail.
         await self._take_decisions(p)
+        self._tell(p)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
+
+    def _tell(self, p: Projection) -> None:
+        """What the Temporal UI shows: progress as the current details (free: not in the history) and, when
+        the state, the verdict, the wait for a person or the number of finished stages changed, the search
+        attributes (one history event each time)."""
+        done = sum(1 for left in p.unfinished.values() if left == 0)
+        waiting = any(r.open for r in p.requests.values())
+        verdict = p.review.verdict.value if p.review else ""
+        finished = len(p.nodes) - sum(p.unfinished.values())
+        workflow.set_current_details(
+            f"{p.state.value}: {finished}/{len(p.nodes)} nodes, {done}/{len(p.unfinished)} stages done,"
+            f" spent {p.spent} of {p.ceiling}" + (", waiting for a person" if waiting else "")
+        )
+        told = (p.state, verdict, waiting, done)
+        if told == self._told or not workflow.patched(UI_STORY):
+            return
+        self._told = told
+        workflow.upsert_search_attributes(
+            [
+                PROJECT.value_set(p.plan.project),
+                EPISODE.value_set(p.plan.episode or ""),
+                STATE.value_set(p.state.value),
+                SPENT.value_set(float(p.spent)),
+                VERDICT.value_set(verdict),
+                WAITING.value_set(waiting),
+            ]
+        )
 
     async def _stop_in_flight(self, p: Projection) -> None:
         """A terminal task (R1/R2/R4) stops its in-flight work, and every operation gets its one result.
@@ -490,9 +525,16 @@ class TaskWorkflow:
     async def _execute(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
         """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
         try:
+            # The Temporal UI names each activity by its node and attempt (``motion/S07 a2``).
+            what = (
+                f"a{arg.attempt}"
+                if isinstance(arg, StageInput)
+                else f"gate v{getattr(arg, 'input_version', '')}"
+            )
             self._activities[op_key] = handle = workflow.start_activity(
                 activity,
                 arg,
+                summary=f"{node} {what}",
                 result_type=_EXECUTED,
                 start_to_close_timeout=timedelta(hours=2),
                 # Every executor heartbeats (stage.run while it polls, compose/review/gate all along): a lost

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,6 +151,42 @@ async def test_keys_are_registered_rotated_and_revoked_and_a_refused_key_is_audi
         "y",
     )
     assert (rc, err.strip()) == (2, "error: 'zz' is not an Ed25519 public key (64 hex digits)")
+
+
+async def test_ledgerflow_sign_makes_a_payload_the_stock_temporal_cli_can_send(lf, sim, tmp_path):
+    plan = lf.plan(APPROVAL)
+    handle = await lf.start(plan)
+    tid = plan.task_id
+    rid = await wait_open(lf, tid, "approval:board")
+    rc, payload, err = await cli(
+        lf, tmp_path, "sign", f"{tid}/{rid}", "approve", "--as", "director", "--note", "ok"
+    )
+    assert rc == 0, err
+    temporal = Path(sys.executable).parent / "temporal"
+    proc = await asyncio.create_subprocess_exec(
+        str(temporal),
+        "workflow",
+        "signal",
+        "--address",
+        str(lf.settings.temporal_address),
+        "--workflow-id",
+        workflow_id(tid),
+        "--name",
+        "decide",
+        "--input",
+        payload.strip(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, signal_err = await proc.communicate()
+    assert proc.returncode == 0, signal_err.decode()
+    assert (await asyncio.wait_for(handle.result(), 30)).state == "Completed"
+    decided = [parse(e) for e in lf.recorder.read_events(tid) if e.type == "HumanDecision"]
+    assert [(d.approver, d.note) for d in decided if isinstance(d, HumanDecision)] == [("director", "ok")]
+    rc, _, err = await cli(
+        lf, tmp_path, "sign", f"{tid}/{rid}", "approve", "--scope", "task:x", "--as", "director"
+    )
+    assert (rc, err.strip()) == (2, "error: --scope is only for add-budget, not approve")
 
 
 async def test_an_expired_key_is_refused(lf, sim):

@@ -1,0 +1,79 @@
+"""The task tells its story in the Temporal UI and CLI: search attributes (project, episode, state, spent,
+verdict, waiting on a person) upserted on state transitions and stage completions, not per node; the goal in
+the memo; each activity named by its node and attempt; progress in the current details."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from peoplekit import wait_open
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from ledgerflow import people
+from runtime.signing import demo_key
+from workflows.contracts import workflow_id
+
+
+async def listed(client: Client, query: str, timeout: float = 15.0) -> list[str]:
+    """The workflow ids a visibility query finds, once it finds any (visibility is eventually consistent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [w.id async for w in client.list_workflows(query)]
+        if found or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.2)
+
+
+async def test_a_task_is_found_by_its_search_attributes_and_its_activities_are_named(lf, sim):
+    project = f"ui{uuid.uuid4().hex[:8]}"
+    plan = lf.plan(
+        f"""
+goal: twelve shots after a board a person approves
+project: {project}
+episode: e7
+budget_ceiling: 20
+stages:
+  - {{id: board, executor: llm.text, estimate: 1, approval: true}}
+  - {{id: shots, executor: image.keyframe, estimate: 1, depends_on: [board], fan_out: 12}}
+"""
+    )
+    handle = await lf.start(plan)
+    tid = plan.task_id
+    rid = await wait_open(lf, tid, "approval:board")
+    waiting = f'LedgerflowProject="{project}" AND LedgerflowWaitingOnPerson=true'
+    assert await listed(lf.client, waiting) == [workflow_id(tid)]
+    described = await handle.describe()
+    memo: dict[str, Any] = await described.memo()
+    assert memo == {"goal": "twelve shots after a board a person approves", "project": project}
+    sent = await people.decide(lf.settings, demo_key("director"), tid, rid, "approve")
+    assert sent.status == "accepted"
+    assert (await handle.result()).state == "Completed"
+    done = f'LedgerflowProject="{project}" AND LedgerflowTaskState="Completed" AND LedgerflowVerdict="Pass"'
+    assert await listed(lf.client, done) == [workflow_id(tid)]
+    assert await listed(lf.client, waiting, timeout=0) == []
+    attrs = (await handle.describe()).typed_search_attributes
+    values = {pair.key.name: pair.value for pair in attrs}
+    assert values["LedgerflowEpisode"] == "e7" and values["LedgerflowWaitingOnPerson"] is False
+    assert values["LedgerflowSpent"] > 0
+
+    history = await handle.fetch_history()
+    upserts = [
+        e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    ]
+    ours = [fields for fields in upserts if "LedgerflowTaskState" in fields]
+    scheduled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    summaries = set()
+    for e in scheduled:
+        payload = e.user_metadata.summary
+        summaries.add((await lf.client.data_converter.decode([payload]))[0] if payload.data else None)
+    assert {"board a1", "shots/S01 a1", "shots/S12 a1", "review a1"} <= summaries, summaries
+    # On state transitions and stage completions, not per node: 15 nodes, 4 stages, 4 states seen.
+    states = [(await lf.client.data_converter.decode([f["LedgerflowTaskState"]]))[0] for f in ours]
+    assert states[0] == "Queued" and states[-1] == "Completed" and "WaitingHuman" in states, states
+    assert len(ours) <= 4 + 4, states
