@@ -118,6 +118,7 @@ class Intent(_Event):
     # fold at ``watermark``: a dispatch's INTENT is written by its executor (workflows/task.py), so a fan-out
     # decides node i on fold(<= watermark) and the i-1 dispatches before it (rules.recompute).
     pending: tuple[str, ...] = ()
+    rules: int = 1  # the rule table's version that decided it (rules.table.RULES_VERSION; older INTENTs: 1)
 
 
 class Decision(_Event):

@@ -435,6 +435,11 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 
 
 # ── the table ─────────────────────────────────────────────────────────────────────────────────────
+# The rule table's version, recorded in every INTENT (``Intent.rules``): bump it with any change to what the
+# table decides, and keep the old table importable, so an audit recomputes each decision with the table that
+# made it (and reports apart where today's table would decide differently).
+RULES_VERSION: Final = 1
+
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),
     Rule("R2", "compliance_block", _compliance_when, _compliance_then, "gate failed or review blocked: fail"),

@@ -77,7 +77,7 @@ with workflow.unsafe.imports_passed_through():
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
     from rules.people import decision_ref, final_deadline
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
-    from rules.table import budget_refused, decide, past_deadline
+    from rules.table import RULES_VERSION, budget_refused, decide, past_deadline
     from workflows.contracts import EPISODE, PROJECT, SPENT, STATE, VERDICT, WAITING, TaskInput, TaskResult
 
 LEDGER_TIMEOUT = timedelta(seconds=30)
@@ -398,6 +398,7 @@ class TaskWorkflow:
             decided_at=decided_at or workflow.now(),
             reservation=reservation,
             pending=tuple(p.provisional),
+            rules=RULES_VERSION,
         )
         key = intent_key(p.task_id, p.watermark, p.intents + 1)
         op_key = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
