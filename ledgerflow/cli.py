@@ -381,13 +381,40 @@ def budget_show(
 
 @app.command()
 @friendly
-def audit(task_id: str) -> None:
-    """Check the task's budget accounts equal the fold of its events; exit 1 if not."""
-    from ledgerflow.money import audit_report
+def audit(
+    task_id: Annotated[str | None, typer.Argument(help="the task to audit")] = None,
+    every: Annotated[bool, typer.Option("--all", help="every task in the ledger")] = False,
+    billing: Annotated[
+        bool, typer.Option("--billing", help="match every charge the vendors list to one operation")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Recompute every decision, check the accounts equal the fold, replay the Temporal histories (and with
+    --billing match the vendors' charges to operations); exit 1 at a divergence, naming the first."""
+    from ledgerflow.audit import UnknownTask
+    from ledgerflow.audit import audit as run_audit
 
-    ok, table = audit_report(get_settings(), task_id)
-    out.print(table)
-    if not ok:
+    if (task_id is None) != every:
+        raise lf.ClientError("give one TASK, or --all for every task in the ledger")
+    settings = get_settings()
+
+    async def go() -> Any:
+        client = await lf.connect(settings)
+        rec = lf.recorder(settings)
+        try:
+            return await run_audit(settings, rec, client, None if every else [str(task_id)], billing=billing)
+        except UnknownTask as e:
+            raise lf.ClientError(str(e)) from None
+        finally:
+            rec.dispose()
+
+    report = asyncio.run(go())
+    if as_json:
+        out.print_json(json.dumps(report.as_json(), default=str))
+    else:
+        for line in report.lines():
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    if not report.ok:
         raise typer.Exit(1)
 
 
@@ -464,6 +491,35 @@ def decide(
     (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
     if sent.status != "accepted":
         raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def stats(
+    since: Annotated[str | None, typer.Option("--since", help="24h, 7d … or an ISO 8601 time")] = None,
+    project: Annotated[str | None, typer.Option("--project", help="only this project's tasks")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Seed 003's SLOs from the ledger: success, queue duration, first pass, retries, cost per usable second,
+    human wait, invalidation propagation."""
+    from datetime import UTC, datetime
+
+    from ledgerflow import stats as slo
+    from reconcile.takeover import task_histories
+
+    try:
+        start = slo.parse_since(since, datetime.now(UTC))
+    except ValueError as e:
+        raise lf.ClientError(str(e)) from None
+    rec = lf.recorder(get_settings())
+    try:
+        figures = slo.compute(task_histories(rec, unfinished=False), start, project).as_json()
+    finally:
+        rec.dispose()
+    if as_json:
+        out.print_json(json.dumps(figures))
+    else:
+        out.print(slo.table(figures))
 
 
 @app.command()
