@@ -17,6 +17,7 @@ from decimal import Decimal
 import httpx
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
@@ -26,6 +27,7 @@ from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from artifacts import ArtifactStore, open_store, store_for_uri
 from ledger.recorder import Recorder
+from runtime.metrics import MetricsSettings, sdk_runtime, serve_metrics
 from runtime.settings import ConfigError, Settings, get_settings
 from runtime.signing import demo_public_keys
 from vendors.registry import Adapters
@@ -123,24 +125,35 @@ def refuse_dev_secrets(settings: Settings, recorder: Recorder) -> None:
         )
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
+    """The worker's client: on ``runtime`` if given (one exporting the SDK's metrics), else the default."""
     return await Client.connect(
         settings.resolved_temporal_address(),
         namespace=settings.namespace,
         data_converter=pydantic_data_converter,
+        runtime=runtime,
     )
 
 
 async def run_worker(settings: Settings | None = None) -> None:
     settings = settings or get_settings()
-    client = await connect(settings)
+    metrics = MetricsSettings()  # LEDGERFLOW_METRICS_PORT: /metrics and /healthz (runtime/metrics.py)
+    runtime = sdk_runtime(metrics)
+    client = await connect(settings, runtime)
     async with AsyncExitStack() as stack:
         worker = await build_worker(client, settings, stack)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with worker:
+        async with worker, AsyncExitStack() as serving:
+            if metrics.metrics_port is not None:
+                # Served only while the worker runs: /healthz never says ready for a worker shutting down.
+                url = settings.resolved_database_url()
+                server = serving.enter_context(
+                    serve_metrics(metrics, url, client, loop, sdk=runtime is not None)
+                )
+                log.info("metrics on %s/metrics, health on %s/healthz", server.url, server.url)
             log.info("worker on task queue %s", settings.task_queue)
             print(f"MARK worker_ready queue={settings.task_queue}", flush=True)
             await stop.wait()

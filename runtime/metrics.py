@@ -1,0 +1,531 @@
+"""The worker's ``/metrics`` and ``/healthz``: the ledger's business metrics and the Temporal SDK's own.
+
+Off unless ``LEDGERFLOW_METRICS_PORT`` is set. Then the worker serves, on ``LEDGERFLOW_METRICS_HOST``
+(default 127.0.0.1) and that port:
+
+* ``/metrics``: the business metrics below, then the SDK's runtime metrics. The SDK (Temporal's Rust core)
+  exports those on its own Prometheus endpoint, bound to 127.0.0.1 on ``LEDGERFLOW_METRICS_SDK_PORT``
+  (default: the metrics port + 1); ``/metrics`` fetches it and appends its text, so one scrape target per
+  worker carries both and the SDK's port never needs to be reachable from outside. SDK metrics keep the
+  SDK's names (``temporal_…``, durations in seconds, counters without ``_total``).
+* ``/healthz``: 200 ``{"status": "ok"}`` when a gRPC health check of Temporal's frontend and ``SELECT 1``
+  on the ledger both succeed within ~2 s; else 503 with a one-line JSON reason naming what failed.
+
+Business metrics are facts of the ledger, not of one process: they are computed when scraped, by a few
+aggregate queries in one read-only REPEATABLE READ transaction (one snapshot, so the numbers agree with each
+other), on a connection opened for the scrape and closed after it. Every worker exports the same numbers,
+so scrape any one; when several are scraped, aggregate with ``max by (…)`` first (the dashboard in
+``ops/grafana/ledgerflow.json`` does). Each query groups in SQL: a scrape returns rows per project,
+executor and kind, never per event. It still reads the ledger's result, marker and INTENT rows, so its cost
+grows with the ledger; ``ledgerflow_ledger_scrape_seconds`` shows it, and a statement timeout caps it.
+
+A task's project is its plan's (``TaskCreated``, seq 1). An operation's executor is its INTENT's: a
+Dispatch's ``executor``, ``gate`` for a static gate, and ``planner`` for the LLM planner's calls (which
+have no INTENT). Money is in the plan's currency units.
+
+=======================================================  ==================================================
+metric                                                   derived from
+=======================================================  ==================================================
+``ledgerflow_spend_total{project,executor}``             every recorded cost: Outcome, Failure and
+                                                         ExecutionResult ``actual_cost``, Decision
+                                                         ``cost``, ``late_charge`` markers' ``amount``
+                                                         (what the budget accounts' ``spent`` sums)
+``ledgerflow_reserved{project,executor}``                the reservations of open operations
+``ledgerflow_open_operations{project,executor}``         INTENTs of an operation (a Dispatch or static gate)
+                                                         with no ``{op}:result`` event yet
+``ledgerflow_failures_total{project,executor,kind}``     Failure events by kind: each is an attempt that
+                                                         failed; ``technical`` ones are retried (R8), the
+                                                         others go to a person (R9)
+``ledgerflow_cost_anomalies_total{project,executor}``    ``cost_anomaly`` markers
+``ledgerflow_human_queue_depth{project,kind}``           open requests to people: a request's INTENT with
+                                                         no ``{task}:resolution:{id}`` event (a decision or
+                                                         the timeout marker), in a task not ended
+                                                         (Complete, or a terminal Escalation); 0 for every
+                                                         kind of every project with a budget account
+``ledgerflow_dead_letters_open{project}``                the same, kind ``dead_letter``
+``ledgerflow_human_oldest_wait_seconds{project,kind}``   age of the oldest open request (database clock)
+``ledgerflow_human_wait_seconds{project,kind}``          summary (count, sum) of decided requests' waits:
+                                                         the HumanDecision's time minus its request's
+``ledgerflow_first_reviews_total{project,verdict}``      tasks by the verdict of their first review
+``ledgerflow_review_first_pass_ratio{project}``          the share of those whose first verdict passed
+                                                         (Pass or SoftWarning)
+``ledgerflow_usable_output_seconds_total{project}``      completed tasks' delivered duration: the last
+                                                         ``compose`` Outcome's probed ``duration_s``
+``ledgerflow_cost_per_usable_second{project}``           those tasks' whole spend (their ``task:`` budget
+                                                         accounts: retries, reworks and review included)
+                                                         divided by their delivered seconds
+``ledgerflow_ledger_up``                                 1 if the queries succeeded on this scrape, else 0
+``ledgerflow_ledger_scrape_seconds``                     how long the queries took
+=======================================================  ==================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from rules.actions import RequestKind
+from rules.keys import resolution_key, result_key
+from runtime.settings import ConfigError
+
+log = logging.getLogger("ledgerflow.metrics")
+
+HEALTH_TIMEOUT_S: Final = 2.0
+QUERY_TIMEOUT_MS: Final = 10_000  # a scrape that takes longer reports ledgerflow_ledger_up 0, not a hang
+
+
+class MetricsSettings(BaseSettings):
+    """Where the worker serves /metrics and /healthz. None (the default): nowhere, nothing changes."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGERFLOW_", extra="ignore")
+
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
+    # The SDK's own exporter, always on loopback (/metrics relays it). None: metrics_port + 1.
+    metrics_sdk_port: int | None = Field(default=None, ge=1, le=65535)
+
+    def sdk_port(self) -> int | None:
+        if self.metrics_port is None:
+            return None
+        return self.metrics_sdk_port or self.metrics_port + 1
+
+
+def sdk_runtime(settings: MetricsSettings) -> Runtime | None:
+    """A Temporal runtime exporting the SDK's metrics on loopback, or None (the default runtime) when off."""
+    port = settings.sdk_port()
+    if port is None:
+        return None
+    prometheus = PrometheusConfig(bind_address=f"127.0.0.1:{port}", durations_as_seconds=True)
+    try:
+        return Runtime(telemetry=TelemetryConfig(metrics=prometheus))
+    except ValueError as e:  # the exporter could not bind its port
+        raise ConfigError(f"LEDGERFLOW_METRICS_SDK_PORT {port}: {e}") from None
+
+
+def ledger_engine(database_url: str) -> Engine:
+    """An engine that keeps no connection between uses (NullPool): a scrape or a health check connects,
+    runs, and disconnects, so an idle metrics endpoint holds nothing on the ledger's database."""
+    return create_engine(
+        database_url,
+        poolclass=NullPool,
+        connect_args={
+            "connect_timeout": int(HEALTH_TIMEOUT_S),
+            "options": f"-c statement_timeout={QUERY_TIMEOUT_MS}",
+            "application_name": "ledgerflow-metrics",
+        },
+    )
+
+
+# ── the queries ────────────────────────────────────────────────────────────────────────────────────────────
+# Shared pieces. The project join is a primary-key lookup per group (TaskCreated is every task's seq 1);
+# rows of a task without one (not written by a workflow) are left out. The executor join goes through
+# ix_events_operation_key.
+_PROJECT: Final = """
+    JOIN events c ON c.task_id = g.task_id AND c.seq = 1 AND c.type = 'TaskCreated'"""
+_EXECUTOR: Final = """
+    LEFT JOIN LATERAL (
+        SELECT CASE i.payload->'action'->>'kind' WHEN 'StaticGate' THEN 'gate'
+                    ELSE i.payload->'action'->>'executor' END AS executor
+        FROM events i WHERE i.operation_key = g.operation_key AND i.type = 'Intent' LIMIT 1
+    ) x ON true"""
+_BY_PROJECT_EXECUTOR: Final = (
+    "SELECT c.payload->'plan'->>'project' AS project, COALESCE(x.executor, 'planner') AS executor"
+)
+
+# Grouped by operation first, so each executor lookup happens once per operation, not once per event.
+SPEND: Final = f"""
+WITH g AS (
+    SELECT task_id, operation_key,
+           sum(CASE type WHEN 'Decision' THEN (payload->>'cost')::numeric
+                         WHEN 'SystemMarker' THEN (payload->>'amount')::numeric
+                         ELSE (payload->>'actual_cost')::numeric END) AS cost
+    FROM events
+    WHERE type IN ('Outcome', 'Failure', 'ExecutionResult', 'Decision')
+       OR (type = 'SystemMarker' AND payload->>'kind' = 'late_charge')
+    GROUP BY task_id, operation_key
+)
+{_BY_PROJECT_EXECUTOR}, COALESCE(sum(g.cost), 0) FROM g {_PROJECT} {_EXECUTOR}
+GROUP BY 1, 2"""
+
+FAILURES: Final = f"""
+WITH g AS (
+    SELECT task_id, operation_key, payload->>'kind' AS kind, count(*) AS n
+    FROM events WHERE type = 'Failure' GROUP BY task_id, operation_key, kind
+)
+{_BY_PROJECT_EXECUTOR}, g.kind, sum(g.n) FROM g {_PROJECT} {_EXECUTOR}
+GROUP BY 1, 2, 3"""
+
+ANOMALIES: Final = f"""
+WITH g AS (
+    SELECT task_id, operation_key, count(*) AS n
+    FROM events WHERE type = 'SystemMarker' AND payload->>'kind' = 'cost_anomaly'
+    GROUP BY task_id, operation_key
+)
+{_BY_PROJECT_EXECUTOR}, sum(g.n) FROM g {_PROJECT} {_EXECUTOR}
+GROUP BY 1, 2"""
+
+# An operation is open from its INTENT until its one result (Outcome, Failure, ExecutionResult or void) is
+# written under the unique dedup key ``{op}:result``: an index lookup per INTENT.
+OPEN_OPERATIONS: Final = f"""
+WITH g AS (
+    SELECT DISTINCT ON (i.operation_key) i.task_id, i.operation_key,
+           COALESCE((i.payload->>'reservation')::numeric, 0) AS reservation
+    FROM events i
+    WHERE i.type = 'Intent' AND i.operation_key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM events r WHERE r.dedup_key = i.operation_key || :result_suffix)
+)
+{_BY_PROJECT_EXECUTOR}, count(*), sum(g.reservation) FROM g {_PROJECT} {_EXECUTOR}
+GROUP BY 1, 2"""
+
+# A request's one resolution (a person's decision or the timeout marker) has the unique dedup key
+# ``{task}:resolution:{request}`` (rules.keys.resolution_key). A request left open in a task that ended is
+# in no queue (ledgerflow.queue.open_items), so the end is checked on the task's own rows.
+_REQUESTS: Final = """
+WITH requests AS (
+    SELECT i.task_id, i.recorded_at, i.payload->'action'->'request'->>'kind' AS kind,
+           i.task_id || :resolution_infix || (i.payload->'action'->'request'->>'id') AS resolution_key
+    FROM events i
+    WHERE i.type = 'Intent' AND i.payload->'action'->>'kind' IN ('SuspendForHuman', 'Escalate')
+      AND jsonb_typeof(i.payload->'action'->'request') = 'object'
+)"""
+
+OPEN_REQUESTS: Final = f"""{_REQUESTS}
+SELECT c.payload->'plan'->>'project', g.kind, count(*), max(extract(epoch FROM now() - g.recorded_at))
+FROM requests g {_PROJECT}
+WHERE NOT EXISTS (SELECT 1 FROM events d WHERE d.dedup_key = g.resolution_key)
+  AND NOT EXISTS (
+      SELECT 1 FROM events t
+      WHERE t.task_id = g.task_id
+        AND ((t.type = 'Intent' AND t.payload->'action'->>'kind' = 'Complete')
+             OR (t.type = 'Escalation' AND t.payload->>'terminal' = 'true')))
+GROUP BY 1, 2"""
+
+DECIDED_WAITS: Final = f"""{_REQUESTS}
+SELECT c.payload->'plan'->>'project', g.kind, count(*), sum(extract(epoch FROM d.recorded_at - g.recorded_at))
+FROM requests g JOIN events d ON d.dedup_key = g.resolution_key AND d.type = 'HumanDecision' {_PROJECT}
+GROUP BY 1, 2"""
+
+PROJECTS: Final = "SELECT substr(scope, 9) FROM budget_accounts WHERE scope LIKE 'project:%'"
+
+FIRST_REVIEWS: Final = f"""
+WITH g AS (
+    SELECT DISTINCT ON (task_id) task_id, payload->>'verdict' AS verdict
+    FROM events
+    WHERE type = 'ExecutionResult' AND payload->>'kind' = 'review' AND payload->>'verdict' IS NOT NULL
+    ORDER BY task_id, seq
+)
+SELECT c.payload->'plan'->>'project', g.verdict, count(*) FROM g {_PROJECT}
+GROUP BY 1, 2"""
+
+USABLE_OUTPUT: Final = f"""
+WITH g AS (
+    SELECT DISTINCT task_id FROM events
+    WHERE type = 'Intent' AND payload->'action'->>'kind' = 'Complete'
+)
+SELECT c.payload->'plan'->>'project', sum(o.duration), sum(a.spent)
+FROM g {_PROJECT}
+JOIN LATERAL (
+    SELECT (e.payload->'artifact'->'media'->>'duration_s')::float8 AS duration
+    FROM events e WHERE e.task_id = g.task_id AND e.type = 'Outcome' AND e.payload->>'node' = 'compose'
+    ORDER BY e.seq DESC LIMIT 1
+) o ON o.duration > 0
+JOIN budget_accounts a ON a.scope = 'task:' || g.task_id
+GROUP BY 1"""
+
+PASSING_VERDICTS: Final = frozenset({"Pass", "SoftWarning"})
+# The dedup keys the queries look results up by, built where every key is built (rules.keys).
+KEY_PARTS: Final = {"result_suffix": result_key(""), "resolution_infix": resolution_key("", "")}
+
+Rows = Callable[[str], Sequence[tuple[Any, ...]]]
+
+
+class LedgerCollector(Collector):
+    """The business metrics, read from the ledger at each scrape (see the module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        try:
+            with self._engine.connect() as conn:
+                # One snapshot for every query, read-only: nothing here may ever write to the ledger.
+                conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+                families = list(self._families(conn))
+            up = 1.0
+        except SQLAlchemyError as e:
+            log.warning("ledger metrics unavailable: %s", one_line(e))
+            families, up = [], 0.0
+        yield from families
+        yield GaugeMetricFamily("ledgerflow_ledger_up", "1 if the ledger's metrics were read.", value=up)
+        yield GaugeMetricFamily(
+            "ledgerflow_ledger_scrape_seconds",
+            "Time taken by the ledger's metric queries on this scrape.",
+            value=time.perf_counter() - started,
+        )
+
+    def _families(self, conn: Connection) -> Iterator[Metric]:
+        def rows(sql: str) -> Sequence[tuple[Any, ...]]:
+            return [tuple(row) for row in conn.execute(text(sql), KEY_PARTS)]
+
+        pe = ["project", "executor"]
+        spend = CounterMetricFamily("ledgerflow_spend", "Money spent, as the ledger records it.", labels=pe)
+        for project, executor, cost in rows(SPEND):
+            spend.add_metric([project, executor], float(cost))
+        yield spend
+
+        open_ops = GaugeMetricFamily(
+            "ledgerflow_open_operations", "Operations with an INTENT and no result yet.", labels=pe
+        )
+        reserved = GaugeMetricFamily("ledgerflow_reserved", "Money reserved by open operations.", labels=pe)
+        for project, executor, n, amount in rows(OPEN_OPERATIONS):
+            open_ops.add_metric([project, executor], float(n))
+            reserved.add_metric([project, executor], float(amount))
+        yield open_ops
+        yield reserved
+
+        failures = CounterMetricFamily(
+            "ledgerflow_failures", "Failed attempts by failure kind.", labels=[*pe, "kind"]
+        )
+        for project, executor, kind, n in rows(FAILURES):
+            failures.add_metric([project, executor, kind], float(n))
+        yield failures
+
+        anomalies = CounterMetricFamily("ledgerflow_cost_anomalies", "cost_anomaly markers.", labels=pe)
+        for project, executor, n in rows(ANOMALIES):
+            anomalies.add_metric([project, executor], float(n))
+        yield anomalies
+
+        yield from self._people(rows)
+        yield from self._quality(rows)
+
+    def _people(self, rows: Rows) -> Iterator[Metric]:
+        pk = ["project", "kind"]
+        depth: dict[tuple[str, str], int] = {
+            (p, k.value): 0 for (p,) in rows(PROJECTS) for k in RequestKind
+        }  # a queue that empties shows 0, not a gap
+        oldest = GaugeMetricFamily(
+            "ledgerflow_human_oldest_wait_seconds", "Age of the oldest open request to a person.", labels=pk
+        )
+        for project, kind, n, age in rows(OPEN_REQUESTS):
+            depth[(project, kind)] = n
+            oldest.add_metric([project, kind], float(age))
+        queue = GaugeMetricFamily("ledgerflow_human_queue_depth", "Open requests to people.", labels=pk)
+        dead = GaugeMetricFamily(
+            "ledgerflow_dead_letters_open", "Open dead-letter requests.", labels=["project"]
+        )
+        for (project, kind), n in sorted(depth.items()):
+            queue.add_metric([project, kind], float(n))
+            if kind == RequestKind.DEAD_LETTER:
+                dead.add_metric([project], float(n))
+        yield queue
+        yield dead
+        yield oldest
+        waits = SummaryMetricFamily(
+            "ledgerflow_human_wait_seconds", "How long decided requests waited for a person.", labels=pk
+        )
+        for project, kind, n, seconds in rows(DECIDED_WAITS):
+            waits.add_metric([project, kind], count_value=int(n), sum_value=float(seconds))
+        yield waits
+
+    def _quality(self, rows: Rows) -> Iterator[Metric]:
+        first = CounterMetricFamily(
+            "ledgerflow_first_reviews",
+            "Tasks by the verdict of their first review.",
+            labels=["project", "verdict"],
+        )
+        passed: dict[str, list[int]] = {}
+        for project, verdict, n in rows(FIRST_REVIEWS):
+            first.add_metric([project, verdict], float(n))
+            counts = passed.setdefault(project, [0, 0])
+            counts[0] += n if verdict in PASSING_VERDICTS else 0
+            counts[1] += n
+        yield first
+        ratio = GaugeMetricFamily(
+            "ledgerflow_review_first_pass_ratio",
+            "Share of reviewed tasks whose first review passed (Pass or SoftWarning).",
+            labels=["project"],
+        )
+        for project, (ok, total) in sorted(passed.items()):
+            ratio.add_metric([project], ok / total)
+        yield ratio
+        seconds = CounterMetricFamily(
+            "ledgerflow_usable_output_seconds",
+            "Seconds of output delivered by completed tasks (their composed episodes).",
+            labels=["project"],
+        )
+        per_second = GaugeMetricFamily(
+            "ledgerflow_cost_per_usable_second",
+            "Completed tasks' whole spend per second of output they delivered.",
+            labels=["project"],
+        )
+        for project, duration, spent in rows(USABLE_OUTPUT):
+            seconds.add_metric([project], float(duration))
+            per_second.add_metric([project], float(spent) / duration)
+        yield seconds
+        yield per_second
+
+
+# ── health ───────────────────────────────────────────────────────────────────────────────────────────────
+class Health:
+    """Readiness: Temporal's frontend answers its health check and the ledger answers ``SELECT 1``.
+
+    ``check`` is called from the server's thread; the Temporal call runs on the worker's event loop (the
+    client belongs to it), so a loop too busy to answer within the timeout is reported too.
+    """
+
+    def __init__(self, client: Client, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+        self._client = client
+        self._engine = engine
+        self._loop = loop
+
+    def check(self) -> str | None:
+        """None when ready, else a one-line reason."""
+        call = self._client.service_client.check_health(timeout=timedelta(seconds=HEALTH_TIMEOUT_S))
+        try:
+            future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        except RuntimeError:  # the worker's loop has closed
+            call.close()
+            return "temporal: the worker's event loop is not running"
+        try:
+            if not future.result(timeout=HEALTH_TIMEOUT_S + 0.5):
+                return "temporal: the workflow service is not serving"
+        except FutureTimeout:
+            future.cancel()
+            return f"temporal: no answer within {HEALTH_TIMEOUT_S:g} s"
+        except Exception as e:  # any failure to reach Temporal means not ready; its text says why
+            return f"temporal: {one_line(e)}"
+        try:
+            with self._engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except SQLAlchemyError as e:
+            return f"ledger: {one_line(e)}"
+        return None
+
+
+def one_line(e: BaseException) -> str:
+    """An error as one short line (a driver's message can span several)."""
+    first = (str(getattr(e, "orig", None) or e) or type(e).__name__).strip().splitlines()
+    return (first[0] if first else type(e).__name__)[:300]
+
+
+# ── the server ───────────────────────────────────────────────────────────────────────────────────────────
+class MetricsServer(ThreadingHTTPServer):
+    """A small threaded HTTP server for ``/metrics`` and ``/healthz``, run on a thread of its own: stdlib
+    only, so it never touches the worker's signal handlers, and its SQL never blocks the worker's loop."""
+
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], registry: CollectorRegistry, health: Health, sdk_url: str | None
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.registry = registry
+        self.health = health
+        self.sdk_url = sdk_url
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def metrics(self) -> bytes:
+        """The ledger's metrics, then the SDK's exporter's text as it is (its names are temporal_…)."""
+        body = generate_latest(self.registry)
+        if self.sdk_url is not None:
+            try:
+                with urllib.request.urlopen(self.sdk_url, timeout=HEALTH_TIMEOUT_S) as r:
+                    body += r.read()
+            except OSError as e:
+                log.warning("the SDK's metrics are unavailable at %s: %s", self.sdk_url, one_line(e))
+        return body
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_PLAIN_0_0_4, self.server.metrics())
+        elif path == "/healthz":
+            reason = self.server.health.check()
+            doc = {"status": "ok"} if reason is None else {"status": "unavailable", "reason": reason}
+            self._send(200 if reason is None else 503, "application/json", json.dumps(doc).encode() + b"\n")
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found: /metrics or /healthz\n")
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a scrape every few seconds is not worth a log line
+
+
+@contextmanager
+def serve_metrics(
+    settings: MetricsSettings,
+    database_url: str,
+    client: Client,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    sdk: bool,
+) -> Iterator[MetricsServer]:
+    """Serve /metrics and /healthz on ``settings.metrics_port`` until the block exits.
+
+    ``sdk``: ``client`` was connected with ``sdk_runtime(settings)``'s runtime, whose metrics /metrics then
+    relays (without it, /metrics carries the ledger's metrics only). ConfigError (one line) if the port is
+    taken.
+    """
+    if settings.metrics_port is None:
+        raise ValueError("serve_metrics needs LEDGERFLOW_METRICS_PORT")
+    engine = ledger_engine(database_url)
+    registry = CollectorRegistry(auto_describe=False)  # no query when registering: only when scraped
+    registry.register(LedgerCollector(engine))
+    sdk_url = f"http://127.0.0.1:{settings.sdk_port()}/metrics" if sdk else None
+    address = (settings.metrics_host, settings.metrics_port)
+    try:
+        server = MetricsServer(address, registry, Health(client, engine, loop), sdk_url)
+    except OSError as e:
+        engine.dispose()
+        raise ConfigError(f"LEDGERFLOW_METRICS_PORT {settings.metrics_port}: {e.strerror or e}") from None
+    thread = threading.Thread(target=server.serve_forever, name="ledgerflow-metrics", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+        engine.dispose()
