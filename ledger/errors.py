@@ -119,6 +119,40 @@ class AlreadyResolved(LedgerError):
         return (type(self), (self.dedup_key,))
 
 
+class SchemaMismatch(LedgerError):
+    """The ledger database is not at the schema revision this ledgerflow needs; nothing was changed.
+
+    ``database`` is the revision recorded there, or None: then ``earlier`` describes the schema of a release
+    before migrations found there ("schema version 4"), or is None too when there is no ledger schema at all.
+    ``newer``: ``database`` is a revision this ledgerflow does not know, so a newer ledgerflow wrote it.
+    """
+
+    def __init__(
+        self, database: str | None, needed: str, newer: bool = False, earlier: str | None = None
+    ) -> None:
+        upgrade = "run `ledgerflow db upgrade`"
+        at = f"the ledger database is at revision {database}"
+        if newer:
+            message = f"{at}, newer than this ledgerflow (knows up to {needed}): upgrade ledgerflow"
+        elif database is not None:
+            message = f"{at}, this ledgerflow needs {needed}: {upgrade}"
+        elif earlier is not None:
+            message = (
+                f"the ledger database has the schema of a ledgerflow from before migrations ({earlier}),"
+                f" this ledgerflow needs revision {needed}: {upgrade}"
+            )
+        else:
+            message = f"the ledger database has no schema: {upgrade}"
+        super().__init__(message)
+        self.database = database
+        self.needed = needed
+        self.newer = newer
+        self.earlier = earlier
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.database, self.needed, self.newer, self.earlier))
+
+
 _CENT: Final = Decimal("0.01")
 
 

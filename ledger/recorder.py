@@ -776,6 +776,18 @@ class Recorder:
             found: str | None = conn.execute(_EXISTING_DEDUP_KEY, {"b_keys": keys}).scalar_one_or_none()
         return found if found is not None else keys[0]
 
+    def check_schema(self) -> None:
+        """Refuse to go on unless the database is at this ledgerflow's schema revision: one read, no DDL.
+
+        What workers and CLI commands call when they start (``create_schema`` is the upgrade, on request).
+
+        Raises:
+            SchemaMismatch: no schema yet, an older revision, or a newer one; the message says what to run.
+        """
+        from ledger.migrate import check  # ledger.migrate builds on this module
+
+        check(self._reader)
+
 
 _KEY_LOG: Final = select(approver_keys).order_by(approver_keys.c.seq)
 _KEY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext('approver_key:' || :key_id))")

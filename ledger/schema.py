@@ -3,12 +3,16 @@
 ``events`` holds every fact, keyed by ``(task_id, seq)`` with a gapless per-task ``seq``; ``task_leases``
 holds one row per task (never deleted) with the fencing ``epoch`` and the next ``seq`` to hand out.
 Append-only is enforced by triggers in the database, not by convention: UPDATE, DELETE and TRUNCATE of
-``events`` raise, and so do DELETE and TRUNCATE of ``task_leases``.
+``events`` raise, and so do DELETE and TRUNCATE of ``task_leases`` (the triggers are in the migrations).
 
 ``budget_accounts`` is different: mutable enforcement state, one row per scope (``project:P``,
 ``episode:P/E``, ``task:T``) with its ceiling and its reserved and spent totals, updated in the same
 transactions as the events that explain each change. The events stay the record; the audit compares the two.
 A task's scopes are listed, outermost first, in ``task_leases.budget_scopes``.
+
+These tables describe the schema; they do not create it. The database is created and changed only by the
+migrations in ``ledger/migrations`` (``ledger.migrate``), and a test keeps the two equal: a change here is a
+new revision there.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     Column,
-    Connection,
     Engine,
     ForeignKey,
     Index,
@@ -47,8 +50,7 @@ task_leases: Final = Table(
     Column("next_seq", BigInteger, nullable=False, server_default=text("1")),
     Column("renewed_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
     Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
-    # The task's budget scopes, outermost first. Added after the first release: create_schema_on also adds it
-    # to an existing table (see _UPGRADES).
+    # The task's budget scopes, outermost first (added after the first release: see the baseline revision).
     Column("budget_scopes", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     CheckConstraint("epoch >= 1", name="ck_task_leases_epoch_positive"),
     CheckConstraint("next_seq >= 1", name="ck_task_leases_next_seq_positive"),
@@ -88,6 +90,13 @@ events: Final = Table(
     UniqueConstraint("dedup_key", name="uq_events_dedup_key"),
     CheckConstraint("seq >= 1", name="ck_events_seq_positive"),
     Index("ix_events_operation_key", "operation_key"),
+)
+
+# Reuse across a project: the outputs registered for a given input hash (rules.inputs).
+Index(
+    "ix_events_outcome_input_hash",
+    events.c.payload["input_hash"].astext,
+    postgresql_where=events.c.type == "Outcome",
 )
 
 DEDUP_CONSTRAINT: Final = "uq_events_dedup_key"
@@ -130,85 +139,12 @@ approver_keys: Final = Table(
 )
 APPROVER_KEY_CONSTRAINT: Final = "uq_approver_keys_add"
 
-# An arbitrary constant shared by every process creating the schema ("ledger" in ASCII).
-_SCHEMA_LOCK_KEY: Final = 0x6C6564676572
-
-_REFUSE_FUNCTION: Final = """
-CREATE OR REPLACE FUNCTION ledger_refuse_change() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'ledger: % on table % is refused (the ledger is append-only)', TG_OP, TG_TABLE_NAME
-        USING ERRCODE = 'restrict_violation', HINT = 'record a new event instead of changing an old one';
-END;
-$$
-"""
-
-# Statement-level, so a statement is refused even when it matches no row (and TRUNCATE has no rows at all).
-_TRIGGERS: Final = (
-    ("events_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON events"),
-    ("task_leases_never_deleted", "BEFORE DELETE OR TRUNCATE ON task_leases"),
-    ("route_events_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON route_events"),
-    ("approver_keys_append_only", "BEFORE UPDATE OR DELETE OR TRUNCATE ON approver_keys"),
-)
-
-
-# In-place upgrades of databases created by an earlier release; each is a no-op once applied. create_all
-# (checkfirst) skips an existing table whole, so a column or index added to one later must be added here too.
-# ALTER TABLE takes an ACCESS EXCLUSIVE lock on task_leases for an instant (a constant default rewrites no
-# row), even when the column exists; create_schema runs once per process start.
-_UPGRADES: Final = (
-    "ALTER TABLE task_leases ADD COLUMN IF NOT EXISTS budget_scopes text[] NOT NULL DEFAULT '{}'",
-    "CREATE INDEX IF NOT EXISTS ix_task_leases_budget_scopes ON task_leases USING gin (budget_scopes)",
-    # Reuse across a project: the outputs registered for a given input hash (rules.inputs).
-    "CREATE INDEX IF NOT EXISTS ix_events_outcome_input_hash ON events ((payload->>'input_hash'))"
-    " WHERE type = 'Outcome'",
-)
-
-
-# Bump when the DDL below changes: databases at an older version run it again (it is idempotent).
-SCHEMA_VERSION = 4
-
-
-def create_schema_on(conn: Connection) -> None:
-    """Create the tables, the refusing function and its triggers on ``conn``, inside its transaction.
-
-    Idempotent. The caller owns the transaction; ``create_schema`` is the usual entry point.
-    """
-    # Two processes starting at once would otherwise race on CREATE TABLE IF NOT EXISTS and on replacing the
-    # function ("tuple concurrently updated"); the xact lock serializes them and is released at commit.
-    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
-    metadata.create_all(conn, checkfirst=True)
-    for statement in _UPGRADES:
-        conn.execute(text(statement))
-    conn.execute(text(_REFUSE_FUNCTION))
-    for name, timing in _TRIGGERS:
-        table = timing.rsplit(" ", 1)[1]
-        conn.execute(text(f"DROP TRIGGER IF EXISTS {name} ON {table}"))
-        conn.execute(
-            text(f"CREATE TRIGGER {name} {timing} FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_change()")
-        )
-    conn.execute(text("CREATE TABLE IF NOT EXISTS ledger_schema_version (version integer PRIMARY KEY)"))
-    conn.execute(
-        text("INSERT INTO ledger_schema_version VALUES (:v) ON CONFLICT DO NOTHING"), {"v": SCHEMA_VERSION}
-    )
-
-
-def schema_version(conn: Connection) -> int | None:
-    """The schema version recorded in the database, or None before ledgerflow created its schema there."""
-    if conn.execute(text("SELECT to_regclass('ledger_schema_version')")).scalar() is None:
-        return None
-    version: int | None = conn.execute(text("SELECT max(version) FROM ledger_schema_version")).scalar()
-    return version
-
 
 def create_schema(engine: Engine) -> None:
-    """Create or upgrade the ledger schema; safe to repeat, and to race from several processes.
+    """Bring the database to this ledgerflow's schema (``ledger.migrate.upgrade``); safe to repeat and race.
 
-    Every process calls this when it starts (workers, every CLI command), so a current schema costs one read:
-    the DDL (it replaces triggers, locking ``events`` exclusively) runs only when the version is behind.
+    Runs DDL: only for callers that were asked to (``ledgerflow db upgrade``, the embedded stack, tests).
     """
-    with engine.connect() as conn:
-        if schema_version(conn) == SCHEMA_VERSION:
-            return
-    with engine.begin() as conn:
-        create_schema_on(conn)
+    from ledger.migrate import upgrade  # ledger.migrate builds on the recorder, which imports this module
+
+    upgrade(engine)
