@@ -19,6 +19,12 @@ REQUIRED = {
     "test_course_lesson_pipeline_completes",  # the course plan
     "test_quality_rework_reruns_the_flagged_shots_and_their_lineage_in_one_round",  # a rework round
     "test_approve_is_recorded_once_then_acted_on",  # a person's signed approval
+    # v2: decisions in batches, fair deadlines, backups, the UI's search attributes (fair-decisions-v1,
+    # ui-story-v1)
+    "test_a_request_unanswered_by_its_deadline_is_offered_to_the_backups",
+    "test_a_deadline_already_past_when_the_loop_comes_to_wait_is_marked_at_once",
+    "test_add_budget_raises_the_project_scope_that_refused",
+    "test_a_task_is_found_by_its_search_attributes_and_its_activities_are_named",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 
