@@ -32,6 +32,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from bench.bare import BareActivities, BareDag, BareInput
+from ledger import migrate
 from ledgerflow import pg, stack
 from rules.dag import build_graph
 from rules.plan import load_plan
@@ -154,6 +155,7 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="ledgerflow-bench-"))
     instance = pg.init_and_start(work / "pg" / "data")
+    migrate.upgrade(instance.url)
     port, ui = pg.free_port(), pg.free_port()
     procs = [stack.start_temporal(work, port, ui, work / "temporal.log")]
     sim_port = pg.free_port()

@@ -413,7 +413,7 @@ def audit(
         out.print_json(json.dumps(report.as_json(), default=str))
     else:
         for line in report.lines():
-            out.print(line, markup=False, highlight=False, soft_wrap=True)
+            out.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -559,6 +559,35 @@ def dlq(as_json: Annotated[bool, typer.Option("--json", help="machine-readable o
         out.print_json(json.dumps(entries, default=str))
     else:
         out.print(people.dlq_view(entries), soft_wrap=True, highlight=False)
+
+
+db_app = typer.Typer(no_args_is_help=True, help="The ledger database's schema (Alembic migrations).")
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+@friendly
+def db_upgrade() -> None:
+    """Migrate the ledger database to this ledgerflow's schema (workers and commands never run DDL)."""
+    from ledger import migrate
+
+    for line in migrate.upgrade_lines(get_settings().resolved_database_url()):
+        out.print(line, highlight=False)
+
+
+@db_app.command("current")
+@friendly
+def db_current() -> None:
+    """The ledger database's schema revision and this ledgerflow's; exit 1 if they differ."""
+    from ledger import migrate
+
+    url = get_settings().resolved_database_url()
+    for line in migrate.current_lines(url):
+        out.print(line, highlight=False)
+    try:
+        migrate.check(url)
+    except LedgerError:
+        raise typer.Exit(1) from None
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="The approver key registry (public keys; audited).")

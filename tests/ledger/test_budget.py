@@ -427,6 +427,7 @@ def test_create_schema_upgrades_a_database_from_before_budgets_in_place(pg_url: 
                 conn.execute(sa.text("DROP TABLE budget_accounts"))
                 conn.execute(sa.text("ALTER TABLE task_leases DROP COLUMN budget_scopes"))
                 conn.execute(sa.text("DROP TABLE ledger_schema_version"))  # that release kept no version
+                conn.execute(sa.text("DROP TABLE alembic_version"))  # nor had migrations
 
             rec.create_schema()
             rec.create_schema()
