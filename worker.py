@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -18,7 +19,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 
 from activities.ledger import LedgerActivities
 from activities.llm import ChatClient, LlmActivities
@@ -27,6 +28,7 @@ from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from artifacts import ArtifactStore, open_store, store_for_uri
 from ledger.recorder import Recorder
+from runtime import logs, telemetry
 from runtime.metrics import MetricsSettings, sdk_runtime, serve_metrics
 from runtime.settings import ConfigError, Settings, get_settings
 from runtime.signing import demo_public_keys
@@ -37,9 +39,18 @@ log = logging.getLogger("ledgerflow.worker")
 
 
 async def build_worker(
-    client: Client, settings: Settings, stack: AsyncExitStack, *, task_queue: str | None = None
+    client: Client,
+    settings: Settings,
+    stack: AsyncExitStack,
+    *,
+    task_queue: str | None = None,
+    interceptors: Sequence[Interceptor] | None = None,
 ) -> Worker:
-    """Wire the activities to their dependencies and return an (unstarted) worker."""
+    """Wire the activities to their dependencies and return an (unstarted) worker.
+
+    ``interceptors``: besides the client's (a worker inherits those); None: tracing's, when the environment
+    turns it on and the client has not got it (runtime/telemetry.py).
+    """
     recorder = Recorder(settings.resolved_database_url())
     recorder.create_schema()
     stack.callback(recorder.dispose)
@@ -103,6 +114,7 @@ async def build_worker(
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
+        interceptors=telemetry.worker_interceptors(client) if interceptors is None else interceptors,
     )
 
 
@@ -160,8 +172,8 @@ async def run_worker(settings: Settings | None = None) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        logs.configure()  # LEDGERFLOW_LOG_FORMAT=json: one JSON object per line (runtime/logs.py)
         asyncio.run(run_worker())
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None

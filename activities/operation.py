@@ -15,6 +15,11 @@ static gate (``activities/review.py``) — runs inside it. The LLM planner (``ac
 heartbeats and its fence, keyed by its decision's watermark, but writes no ``submitting`` marker (a planner
 answer lost with its worker may be asked, and paid for, again: cents). Every dedup key comes from
 ``rules.keys``; every error crosses into Temporal through ``activities.boundary``.
+
+Each step is logged through ``activity.logger`` (INTENT, opened, reconciled, submitting send N, the result
+and its cost, a cost anomaly) and traced (``ledger.intent``, ``ledger.open``, ``ledger.submitting``,
+``ledger.result``, ``ledger.append``); the operation is bound once per attempt (``bind``), so every line and
+span names its task, node, OperationKey, epoch and run (``runtime/logs.py``, ``runtime/telemetry.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from rules.keys import (
     submitting_key,
 )
 from rules.money import VendorAmount
+from runtime import logs, telemetry
 from runtime.faults import mark
 
 
@@ -87,6 +93,7 @@ class Operation:
         self.task_id, self.node, self.key = task_id, node, key
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
+        bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
     async def open(self, *, fenced: bool = True) -> OperationState:
@@ -95,16 +102,20 @@ class Operation:
         The caller returns ``state.result`` when it is set: a retry after the result was written does nothing.
         ``fenced=False`` is for closing an operation: that never calls a vendor to create anything.
         """
-        view = await asyncio.to_thread(self.recorder.operation_view, self.task_id, self.key, self.route)
+        with telemetry.span("ledger.open"):
+            view = await asyncio.to_thread(self.recorder.operation_view, self.task_id, self.key, self.route)
         if view.epoch is None or view.now is None:
             raise LedgerError(f"task {self.task_id!r} has no lease: {self.key} cannot run")
         state = operation_state(view.events, view.now)
+        activity.logger.info("opened: %s", _described(state))
         if state.result is not None:
             return state
         if fenced and view.epoch != self.epoch:
             # A zombie attempt of a run that lost the task must never start new vendor work.
+            activity.logger.warning("fenced off: the task's epoch is now %d", view.epoch)
             raise StaleEpoch(self.task_id, self.epoch, view.epoch)
         if fenced and view.paused is not None and self.route is not None:
+            activity.logger.info("route %s is paused: nothing is sent until a person resumes it", self.route)
             raise RoutePaused(self.route, view.paused, self.pause_retry_s)
         return state
 
@@ -135,6 +146,7 @@ class Operation:
         spend: Decimal = Decimal(0),
         fenced: bool = False,
         unless_resolved: bool = False,
+        span_name: str = "ledger.append",
     ) -> tuple[StoredEvent, bool]:
         """An idempotent append (first write of its key wins); ``fenced``: only under this run's epoch;
         ``unless_resolved``: only while the operation has no result (AlreadyResolved otherwise)."""
@@ -147,7 +159,10 @@ class Operation:
             fence_epoch=self.epoch if fenced else None,
             unless=result_key(self.key) if unless_resolved else None,
         )
-        stored, inserted = await asyncio.to_thread(append)
+        marker = event.payload.get("kind") if event.type == "SystemMarker" else None
+        with telemetry.span(span_name, {"ledgerflow.event": event.type, "ledgerflow.marker": marker}) as s:
+            stored, inserted = await asyncio.to_thread(append)
+            s.set_attribute("ledgerflow.inserted", inserted)
         rows = _WRITTEN.get()
         if rows is not None:
             rows.append(stored)  # for ``recorded``: the rows to hand the loop with the result
@@ -174,9 +189,10 @@ class Operation:
             kind=MarkerKind.SUBMITTING, node=self.node, operation_key=self.key, send=n, timeout_s=timeout_s
         )
         new = to_new(marker, dedup_key=submitting_key(self.key, n), operation_key=self.key)
-        _, inserted = await self.write(new, fenced=True, unless_resolved=True)
+        _, inserted = await self.write(new, fenced=True, unless_resolved=True, span_name="ledger.submitting")
         if not inserted:
             raise NotYetProvable(f"another attempt of {self.key} is sending (send {n}): reconcile first", 0.5)
+        activity.logger.info("submitting send %d (the client gives up after %gs)", n, timeout_s)
         return n
 
     async def refused(self, n: int, why: str) -> None:
@@ -196,7 +212,11 @@ class Operation:
         marker = SystemMarker(
             kind=MarkerKind.COST_ANOMALY, node=self.node, operation_key=self.key, detail=detail[:2000]
         )
-        await self.write(to_new(marker, dedup_key=anomaly_key(self.key, what), operation_key=self.key))
+        _, inserted = await self.write(
+            to_new(marker, dedup_key=anomaly_key(self.key, what), operation_key=self.key)
+        )
+        if inserted:
+            activity.logger.warning("cost anomaly (%s): %s", what, detail[:500])
 
     async def lost(self, node: str, sha256: str) -> None:
         """The output of ``node`` with these bytes is missing or corrupt: never reuse it, never hand it on."""
@@ -247,12 +267,19 @@ class Operation:
         Returns the result that stands: this one, or one written first by someone else (the task's end,
         another attempt), whose ``job_id`` then tells whether it was for the same job.
         """
-        stored, _ = await self.write(
+        stored, inserted = await self.write(
             to_new(event, dedup_key=result_key(self.key), operation_key=self.key),
             release=self.estimate,
             spend=spend,
+            span_name="ledger.result",
         )
         mark("outcome_recorded", op=self.key, type=stored.type)
+        if inserted:
+            activity.logger.info(
+                "result recorded: %s, cost %s (reserved %s)", _result_name(stored), spend, self.estimate
+            )
+        else:
+            activity.logger.info("result already recorded: %s stands", _result_name(stored))
         return stored
 
     async def settle_cost(self, amount: VendorAmount) -> Decimal:
@@ -356,26 +383,36 @@ async def recorded(
     rows cause, saved no history events in ``make bench`` and doubled E001's history.)
     """
     intent, task_id = inp.intent, inp.task_id
+    bound = logs.current()
+    if bound is None or bound.operation_key != inp.operation_key:
+        bind(task_id, inp.node, inp.operation_key, inp.epoch, None)
     if intent is None:
         return await body()
     assert intent.operation_key is not None
-    try:
-        rows = await asyncio.to_thread(
-            recorder.append_fenced,
-            task_id,
-            inp.epoch,
-            [intent],
-            reserve=inp.estimate,
-            unless=closing_key(task_id),
-        )
-        mark("intent_recorded", task=task_id, op=intent.operation_key)
-    except DuplicateEvent:
-        existing = await asyncio.to_thread(recorder.find_by_dedup_key, intent.dedup_key)
-        if existing is None or existing.task_id != task_id or existing.operation_key != intent.operation_key:
-            raise
-        rows = [existing]
-    except LedgerError as e:
-        cross(e)
+    with telemetry.span("ledger.intent", {"ledgerflow.reservation": str(inp.estimate)}):
+        try:
+            rows = await asyncio.to_thread(
+                recorder.append_fenced,
+                task_id,
+                inp.epoch,
+                [intent],
+                reserve=inp.estimate,
+                unless=closing_key(task_id),
+            )
+            mark("intent_recorded", task=task_id, op=intent.operation_key)
+            activity.logger.info("INTENT recorded, %s reserved", inp.estimate)
+        except DuplicateEvent:
+            existing = await asyncio.to_thread(recorder.find_by_dedup_key, intent.dedup_key)
+            if (
+                existing is None
+                or existing.task_id != task_id
+                or existing.operation_key != intent.operation_key
+            ):
+                raise
+            rows = [existing]
+        except LedgerError as e:
+            activity.logger.info("INTENT refused: %s", e)
+            cross(e)
     token = _WRITTEN.set(rows)
     try:
         result = await body()
@@ -386,3 +423,29 @@ async def recorded(
 
 # The rows the current executor attempt has written (set by ``recorded``, appended to by ``Operation.write``).
 _WRITTEN: ContextVar[list[StoredEvent] | None] = ContextVar("ledgerflow_written", default=None)
+
+
+def bind(task_id: str, node: str, key: str, epoch: int, route: str | None) -> None:
+    """Name this operation on every log line and span of the rest of this activity attempt (runtime.logs),
+    and on the attempt's own ``RunActivity`` span (runtime.telemetry)."""
+    run_id = activity.info().workflow_run_id if activity.in_activity() else None
+    ctx = logs.OperationContext(task_id, node, key, epoch, run_id=run_id, route=route)
+    logs.bind(ctx)
+    telemetry.annotate(ctx)
+
+
+def _described(state: OperationState) -> str:
+    """How far an operation got, for its ``opened`` log line (no request, no URL)."""
+    if state.result is not None:
+        return f"already resolved ({_result_name(state.result)})"
+    if state.job_id is not None:
+        return f"job {state.job_id} on record"
+    if state.sends:
+        return f"{len(state.sends)} send(s) on record, {len(state.refused)} refused, no job id"
+    return "nothing sent yet"
+
+
+def _result_name(stored: StoredEvent) -> str:
+    """``Outcome``, ``Failure(technical)``, ``SystemMarker(void)``, ``ExecutionResult(gate)``…"""
+    kind = stored.payload.get("kind")
+    return f"{stored.type}({kind})" if kind else stored.type

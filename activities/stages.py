@@ -45,6 +45,7 @@ from rules.keys import is_result_key
 from rules.money import vendor_amount
 from rules.projection import fold
 from runtime.faults import mark
+from runtime.telemetry import traced
 from vendors.adapter import Capabilities, JobStatus, VendorAdapter, VendorJob, job_amount
 from vendors.errors import (
     UnsafeResultUrl,
@@ -130,7 +131,7 @@ class StageActivities:
         op = self._operation(inp, inp.executor)
         attempt = _Attempt()
         try:
-            adapter = self.adapters.get(inp.executor)
+            adapter = traced(self.adapters.get(inp.executor))  # a span per vendor call
             state = await op.open()
             if state.result is not None:
                 return state.result  # a retry after the result was written: nothing left to do
@@ -547,7 +548,7 @@ class StageActivities:
         if state.result is not None:
             return state.result
         try:
-            adapter: VendorAdapter | None = self.adapters.get(executor)
+            adapter: VendorAdapter | None = traced(self.adapters.get(executor))
         except Exception:
             adapter = None  # framework work (compose, review, gate): no route
         if adapter is None:
@@ -651,7 +652,7 @@ class StageActivities:
         state = operation_state(op_events, result.recorded_at)  # as it stood when it was voided
         executor = intent.payload["action"]["executor"]
         try:
-            adapter = self.adapters.get(executor)
+            adapter = traced(self.adapters.get(executor))
         except Exception:
             return 0
         if not state.maybe_sent or not adapter.capabilities.can_lookup or adapter.capabilities.free:

@@ -15,6 +15,7 @@ from reconcile.takeover import orphaned_tasks
 from rules.envelope import StoredEvent
 from rules.plan import Plan, Routes, load_plan
 from rules.projection import fold, summary
+from runtime import telemetry
 from runtime.settings import Settings, get_settings
 from workflows.contracts import TaskInput, TaskResult, workflow_id
 from workflows.task import TaskWorkflow
@@ -30,10 +31,15 @@ def parse_plan(text: str, task_id: str | None = None, routes: Routes | None = No
 
 
 async def connect(settings: Settings) -> Client:
+    """A client for the CLI; traced (its starts, signals and queries) when the OTEL_* variables turn tracing
+    on (runtime/telemetry.py): a task it starts is then one trace, down to each vendor call."""
     address = settings.resolved_temporal_address()
     try:
         return await Client.connect(
-            address, namespace=settings.namespace, data_converter=pydantic_data_converter
+            address,
+            namespace=settings.namespace,
+            data_converter=pydantic_data_converter,
+            interceptors=telemetry.client_interceptors(),
         )
     except RuntimeError as e:
         raise ClientError(f"cannot reach Temporal at {address} ({str(e).splitlines()[0][:120]})") from None

@@ -7,6 +7,7 @@ services. ``up`` is idempotent: a stack whose processes are alive is reused. Add
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from ledger.recorder import Recorder
 from ledgerflow import pg
@@ -226,15 +227,39 @@ def register_demo_keys(rec: Recorder, *, actor: str) -> None:
             rec.add_key(record, actor=actor, reason="dev mode: a demo approver")
 
 
+# How long each process may take to exit after SIGTERM before it is killed: the worker finishes or hands back
+# its in-flight activities (its graceful shutdown), the rest only close.
+GRACE_SECONDS: Final = {"review": 5.0, "worker": 30.0, "simulator": 5.0, "temporal": 15.0}
+
+
+def stop(pid: int, grace: float) -> str:
+    """SIGTERM ``pid``'s process group, wait up to ``grace`` seconds for the process to exit, then SIGKILL the
+    group and wait for it: "stopped" or "killed" (the process is gone either way)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return "stopped"
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    while alive(pid):
+        time.sleep(0.05)
+    return "killed"
+
+
 def down(settings: Settings) -> list[str]:
-    """Stop every process of the embedded stack; returns what was stopped."""
+    """Stop every process of the embedded stack, each one before the servers it needs (the page and the worker
+    before Temporal, Temporal before nothing else depends on Postgres), waiting for each to exit (SIGKILL
+    after its grace period); returns what was stopped, ``name (killed)`` for one that had to be killed."""
     stack = read_stack(settings)
     stopped = []
     for name in ("review", "worker", "simulator", "temporal"):
         pid = stack.get("pids", {}).get(name)
         if alive(pid):
-            os.killpg(pid, signal.SIGTERM)
-            stopped.append(name)
+            how = stop(pid, GRACE_SECONDS[name])
+            stopped.append(name if how == "stopped" else f"{name} (killed)")
     data_dir = settings.state_dir.resolve() / "pg" / "data"
     if pg.postmaster_pid(data_dir):
         pg.stop(data_dir)

@@ -27,9 +27,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from temporalio import activity
+
 from rules.envelope import StoredEvent
 from rules.events import MarkerKind
 from rules.keys import is_result_key
+from runtime import telemetry
 from vendors.adapter import Capabilities, VendorAdapter, VendorJob, mode_of
 from vendors.errors import VendorCannotTell
 from vendors.routes import RouteSpec, VendorMode
@@ -168,7 +171,29 @@ async def reconcile(
     *,
     stopping: bool = False,
 ) -> Step:
-    """Decide how an open operation continues, looking its key up at the vendor if that is what it takes."""
+    """Decide how an open operation continues, looking its key up at the vendor if that is what it takes.
+
+    Traced as a ``reconcile`` span holding the decision (its lookup is a ``vendor.find_by_key`` span inside
+    it), and logged: what was decided, and why.
+    """
+    with telemetry.span("reconcile", {"ledgerflow.stopping": stopping}) as span:
+        step = await _reconcile(adapter, route, state, operation_key, heartbeat_job, stopping=stopping)
+        span.set_attributes(
+            {"ledgerflow.reconcile.next": step.next.value, "ledgerflow.reconcile.why": step.why}
+        )
+    activity.logger.info("reconciled: %s (%s)", step.next.value, step.why)
+    return step
+
+
+async def _reconcile(
+    adapter: VendorAdapter,
+    route: RouteSpec,
+    state: OperationState,
+    operation_key: str,
+    heartbeat_job: str | None,
+    *,
+    stopping: bool,
+) -> Step:
     caps = adapter.capabilities
     decide = stop_step if stopping else next_step
     step = decide(state, route, caps, heartbeat_job)
