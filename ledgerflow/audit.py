@@ -1,19 +1,64 @@
-"""The audit: does the ledger agree with itself? (first part: money)
+"""The audit: does the record agree with itself, with the rules, with Temporal and with the vendors' bills?
 
-Budget accounts are enforcement state updated in the same transactions as the events; the events are the
-record. For a task, its account must equal what folding its events gives; for a project or episode, the sum
-over every task in it.
+``ledgerflow audit TASK`` (``--all``: every task in the ledger) checks, for each task:
+
+* **decisions** — every INTENT recomputed from ``fold(events <= watermark)``, its pending INTENTs and its
+  time, with the rule table that decided it; every LLM decision re-validated (``rules.recompute``). Where an
+  older table decided, today's decides too, and a difference is reported apart (informational);
+* **accounts** — budget accounts are enforcement state updated in the same transactions as the events; the
+  events are the record. A task's account must equal the fold of its events; a project's or episode's, the
+  sum over every task in it (``audit_budget``);
+* **histories** — every run of the task's workflow replays on today's workflow code (Temporal's Replayer);
+  a history Temporal no longer holds (retention) is reported, not failed;
+* **billing** (``--billing``) — every charge the vendors' own billing lists (``VendorAdapter.charges``) is
+  matched to exactly one operation, by its key or its job id; charges no operation explains (paid for,
+  unknown to the ledger) and operations whose recorded cost differs from what the vendor billed are
+  problems. A route whose vendor cannot list its charges is named, not failed.
+
+Pure parts (operations from events, the matching) are functions of their inputs; the rest reads the ledger,
+Temporal and the vendors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
+
+import httpx
 
 from ledger.recorder import Recorder
+from rules.actions import Dispatch
+from rules.envelope import StoredEvent
+from rules.events import (
+    ExecutionResult,
+    Failure,
+    Intent,
+    MarkerKind,
+    Outcome,
+    Progress,
+    SystemMarker,
+    parse,
+)
+from rules.keys import is_result_key
+from rules.money import vendor_amount
+from rules.plan import COMPOSE, REVIEW
 from rules.projection import fold
+from rules.recompute import Divergence, Recomputation, audit_decisions
+from runtime.settings import ConfigError, Settings
+from vendors.adapter import ChargeListing, VendorAdapter, VendorCharge
+from vendors.errors import VendorError
+from vendors.routes import AdapterKind, RouteError
+
+# Charges are listed from a little before the oldest audited task was created: the vendor's clock is not the
+# database's.
+CLOCK_SLACK = timedelta(minutes=10)
 
 
+# ── money: accounts ───────────────────────────────────────────────────────────────────────────────────
 @dataclass(frozen=True)
 class Check:
     scope: str
@@ -25,17 +70,37 @@ class Check:
     def ok(self) -> bool:
         return self.account == self.folded
 
+    def __str__(self) -> str:
+        return (
+            f"account {self.scope} {self.what} is {self.account}, the fold of its events gives {self.folded}"
+        )
 
-def audit_budget(recorder: Recorder, task_id: str) -> list[Check]:
-    """Compare every account the task draws on with the fold of the events of the tasks in it."""
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "scope": self.scope,
+            "what": self.what,
+            "account": str(self.account),
+            "folded": str(self.folded),
+            "ok": self.ok,
+        }
+
+
+def audit_budget(
+    recorder: Recorder, task_id: str, folded: dict[str, tuple[Decimal, Decimal]] | None = None
+) -> list[Check]:
+    """Compare every account the task draws on with the fold of the events of the tasks in it.
+
+    ``folded``: (reserved, spent) by task id, already known (and filled in here), so auditing many tasks of
+    one project folds each task once.
+    """
     checks: list[Check] = []
-    folded: dict[str, tuple[Decimal, Decimal]] = {}
+    known = folded if folded is not None else {}
 
     def totals(tid: str) -> tuple[Decimal, Decimal]:
-        if tid not in folded:
+        if tid not in known:
             p = fold(recorder.read_events(tid))
-            folded[tid] = (p.reserved, p.spent)
-        return folded[tid]
+            known[tid] = (p.reserved, p.spent)
+        return known[tid]
 
     for scope in recorder.task_scopes(task_id):
         account = recorder.account(scope)
@@ -48,3 +113,516 @@ def audit_budget(recorder: Recorder, task_id: str) -> list[Check]:
         checks.append(Check(scope, "reserved", account.reserved, reserved))
         checks.append(Check(scope, "spent", account.spent, spent))
     return checks
+
+
+# ── money: the vendors' bills ─────────────────────────────────────────────────────────────────────────
+@dataclass
+class Operation:
+    """One operation as the ledger knows it: what it was for, which jobs it had, what it counts as paid."""
+
+    task_id: str
+    key: str
+    node: str
+    executor: str
+    resolved: bool = False  # it has its one result (an Outcome, a Failure, a void, the review's result)
+    recorded: Decimal = Decimal(0)  # its result's cost plus every late charge
+    job_ids: set[str] = field(default_factory=set)
+    anomaly: bool = False  # a cost anomaly is on record for it
+
+
+def operations(task_id: str, events: Iterable[StoredEvent]) -> dict[str, Operation]:
+    """Every operation a task dispatched (by OperationKey), from its events."""
+    ops: dict[str, Operation] = {}
+    for e in events:
+        if e.type not in ("Intent", "Outcome", "Failure", "Progress", "SystemMarker", "ExecutionResult"):
+            continue
+        if e.type != "Intent" and e.operation_key not in ops:
+            continue
+        event = parse(e)
+        match event:
+            case Intent(action=Dispatch() as d):
+                ops.setdefault(d.operation_key, Operation(task_id, d.operation_key, d.node, d.executor))
+            case Outcome():
+                op = ops[event.operation_key]
+                op.resolved, op.recorded = True, op.recorded + event.actual_cost
+                if event.job_id:
+                    op.job_ids.add(event.job_id)
+            case Failure():
+                op = ops[event.operation_key]
+                op.resolved, op.recorded = True, op.recorded + event.actual_cost
+                if event.job_id:
+                    op.job_ids.add(event.job_id)
+            case ExecutionResult() if event.operation_key in ops:
+                op = ops[event.operation_key]
+                op.resolved, op.recorded = True, op.recorded + event.actual_cost
+            case Progress():
+                ops[event.operation_key].job_ids.add(event.job_id)
+            case SystemMarker(operation_key=str() as key) if key in ops:
+                op = ops[key]
+                if event.kind == MarkerKind.VOID and is_result_key(e.dedup_key):
+                    op.resolved = True
+                elif event.kind == MarkerKind.LATE_CHARGE:
+                    op.recorded += event.amount or Decimal(0)
+                    op.job_ids.add(e.dedup_key.split(":late_charge:", 1)[1])
+                elif event.kind == MarkerKind.COST_ANOMALY:
+                    op.anomaly = True
+            case _:
+                pass
+    return ops
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A charge, and the billing account (route) that listed it."""
+
+    account: str
+    charge: VendorCharge
+
+    def __str__(self) -> str:
+        c = self.charge
+        key = f"key {c.operation_key}" if c.operation_key else "no key"
+        return f"job {c.job_id} ({key}) charged {c.amount} by {self.account}"
+
+
+@dataclass(frozen=True)
+class CostDiff:
+    operation: str
+    recorded: Decimal
+    vendor: str  # the vendor's total, or its figures where one is unusable
+    charges: int
+    anomaly: bool
+
+    def __str__(self) -> str:
+        note = "; a cost anomaly is on record" if self.anomaly else ""
+        n = f"{self.charges} charge" + ("" if self.charges == 1 else "s")
+        return f"operation {self.operation} recorded {self.recorded}, vendor billed {self.vendor} ({n}{note})"
+
+
+@dataclass
+class Billing:
+    """What matching the vendors' charges to the ledger's operations found."""
+
+    matched: int = 0  # charges matched to an operation
+    operations: int = 0  # operations compared with what their vendor billed
+    unmatched: list[Listed] = field(default_factory=list)  # paid for, unknown to the ledger
+    ambiguous: list[str] = field(default_factory=list)  # a charge two operations claim
+    differs: list[CostDiff] = field(default_factory=list)
+    unlisted: list[str] = field(default_factory=list)  # routes whose charges cannot be listed, and why
+    open: int = 0  # operations still without a result: not compared
+    inference: Decimal = Decimal(0)  # spent on model calls (review, planner), which no listing names
+
+    def problems(self) -> list[str]:
+        return (
+            [f"billing: unmatched charge: {u}" for u in self.unmatched]
+            + [f"billing: {a}" for a in self.ambiguous]
+            + [f"billing: {d}" for d in self.differs]
+        )
+
+    def notes(self) -> list[str]:
+        out = [f"billing not listable for {u}" for u in self.unlisted]
+        if self.open:
+            out.append(f"billing: {self.open} operations still open, not compared")
+        if self.inference:
+            out.append(f"billing: {self.inference} of inference (model calls) is not in any vendor listing")
+        return out
+
+    def summary(self) -> str:
+        text = f"billing: {self.matched} charges matched to {self.operations} operations"
+        if self.unmatched:
+            text += f", {len(self.unmatched)} unmatched"
+        if self.differs:
+            text += f", {len(self.differs)} differ"
+        if self.unlisted:
+            text += f", {_count(len(self.unlisted), 'route')} not listable"
+        return text
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "matched": self.matched,
+            "operations": self.operations,
+            "unmatched": [{"account": u.account, **u.charge.model_dump(mode="json")} for u in self.unmatched],
+            "ambiguous": self.ambiguous,
+            "differs": [
+                {
+                    "operation": d.operation,
+                    "recorded": str(d.recorded),
+                    "vendor": d.vendor,
+                    "charges": d.charges,
+                    "cost_anomaly": d.anomaly,
+                }
+                for d in self.differs
+            ],
+            "not_listable": self.unlisted,
+            "open": self.open,
+            "inference": str(self.inference),
+        }
+
+
+def match_charges(
+    ops: Sequence[Operation],
+    listed: Sequence[Listed],
+    *,
+    compared: Callable[[Operation], bool],
+    attributable: Callable[[VendorCharge], bool],
+) -> Billing:
+    """Match every charge to exactly one operation, by its key or its job id, and compare the amounts.
+
+    Args:
+        ops: The audited tasks' operations.
+        listed: The charges the vendors listed (every charge of their accounts since the tasks began).
+        compared: Whether an operation's vendor listed its charges (its route can), so its cost is compared.
+        attributable: Whether a charge no operation claims is the audited tasks' (one task: its keys; every
+            task: any charge) and so unmatched, rather than somebody else's.
+    """
+    billing = Billing()
+    by_key = {op.key: op for op in ops}
+    by_job = {job: op for op in ops for job in op.job_ids}
+    charged: dict[str, list[VendorCharge]] = {}
+    for item in listed:
+        c = item.charge
+        keyed = by_key.get(c.operation_key) if c.operation_key else None
+        jobbed = by_job.get(c.job_id)
+        if keyed is not None and jobbed is not None and keyed is not jobbed:
+            billing.ambiguous.append(f"{item} is claimed by operations {keyed.key} and {jobbed.key}")
+            continue
+        op = keyed or jobbed
+        if op is None:
+            if attributable(c):
+                billing.unmatched.append(item)
+            continue
+        billing.matched += 1
+        charged.setdefault(op.key, []).append(c)
+    for op in ops:
+        if op.executor == REVIEW:
+            billing.inference += op.recorded
+            continue
+        if not compared(op):
+            continue
+        if not op.resolved:
+            billing.open += 1
+            continue
+        billing.operations += 1
+        charges = charged.get(op.key, [])
+        amounts = [vendor_amount(c.amount).amount for c in charges]
+        if any(a is None for a in amounts):
+            vendor = " + ".join(c.amount for c in charges)
+        else:
+            vendor = str(sum((a for a in amounts if a is not None), Decimal(0)))
+        if not charges and op.recorded == 0:
+            continue
+        if any(a is None for a in amounts) or Decimal(vendor) != op.recorded:
+            billing.differs.append(CostDiff(op.key, op.recorded, vendor, len(charges), op.anomaly))
+    return billing
+
+
+async def audit_billing(
+    settings: Settings, ops: Sequence[Operation], since: datetime, task_ids: Iterable[str], *, every: bool
+) -> Billing:
+    """List every vendor account's charges since ``since`` and match them to the operations ``ops`` of the
+    tasks ``task_ids``.
+
+    ``every``: the audit covers the whole ledger, so a charge no operation claims is unmatched whoever made
+    it; else only a charge under one of these tasks' keys is theirs.
+    """
+    table = settings.route_table()
+    listable: dict[str, str] = {}  # executor -> its billing account's label
+    unlisted: dict[str, str] = {}  # executor -> why its charges cannot be listed
+    accounts: dict[tuple[str, str, str], tuple[str, list[str]]] = {}  # account -> (label, executors)
+    for executor in sorted({op.executor for op in ops} - {REVIEW, COMPOSE}):
+        try:
+            route = table.route(executor)
+        except RouteError:
+            unlisted[executor] = f"route {executor} (no such route in this deployment's table)"
+            continue
+        if route.adapter == AdapterKind.LOCAL:
+            continue  # work the worker does itself: no vendor, no bill
+        base = route.base_url or settings.vendor_url_or_none() or ""
+        account = (route.adapter.value, base, route.credential_env)
+        label = f"{route.adapter.value} at {base}"
+        accounts.setdefault(account, (label, []))[1].append(executor)
+    listed: list[Listed] = []
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        adapters = _adapters(settings, http)
+        for label, executors in accounts.values():
+            routes = ", ".join(executors)
+            try:
+                adapter = adapters(executors[0])
+                if not adapter.capabilities.can_list_charges or not isinstance(adapter, ChargeListing):
+                    raise _NotListable(f"the {adapter.route.adapter.value} API lists no charges per call")
+                charges = await adapter.charges(since)
+            except (_NotListable, VendorError, ConfigError) as e:
+                for executor in executors:
+                    unlisted[executor] = f"route {executor} ({e})"
+                continue
+            listed.extend(Listed(f"{label} ({routes})", c) for c in charges)
+            for executor in executors:
+                listable[executor] = label
+    prefixes = tuple(f"{tid}:" for tid in task_ids)
+
+    def attributable(c: VendorCharge) -> bool:
+        return every or (c.operation_key or "").startswith(prefixes)
+
+    billing = match_charges(
+        ops,
+        listed,
+        compared=lambda op: op.executor in listable,
+        attributable=attributable,
+    )
+    billing.unlisted = sorted(set(unlisted.values()))
+    return billing
+
+
+class _NotListable(Exception):
+    pass
+
+
+def _adapters(settings: Settings, http: httpx.AsyncClient) -> Callable[[str], VendorAdapter]:
+    from vendors.registry import Adapters  # builds every adapter kind (the local one imports media)
+
+    def no_store(uri: str) -> Any:
+        raise ConfigError("the audit reads no artifacts")
+
+    built = Adapters(
+        settings.route_table(),
+        vendor_url=settings.vendor_url_or_none(),
+        credential=settings.credential,
+        client=http,
+        store_for=no_store,
+    )
+    return built.get
+
+
+# ── Temporal: the histories replay ────────────────────────────────────────────────────────────────────
+@dataclass
+class Replay:
+    replayed: int = 0
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+async def replay_task(client: Any, task_id: str) -> Replay:
+    """Replay every run of the task's workflow against today's workflow code."""
+    from temporalio.client import WorkflowHistory
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.service import RPCError, RPCStatusCode
+    from temporalio.worker import Replayer
+
+    from workflows.contracts import workflow_id
+    from workflows.task import TaskWorkflow
+
+    wid = workflow_id(task_id)
+    out = Replay()
+    try:
+        runs = [w.run_id async for w in client.list_workflows(f'WorkflowId = "{wid}"')]
+    except RPCError as e:
+        out.notes.append(f"the runs of {wid} could not be listed ({e.message[:200]}): not replayed")
+        return out
+    if not runs:
+        out.notes.append(f"no Temporal history of {wid} (past retention, or never started): not replayed")
+        return out
+    histories: list[WorkflowHistory] = []
+    for run_id in runs:
+        try:
+            histories.append(await client.get_workflow_handle(wid, run_id=run_id).fetch_history())
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                raise
+            out.notes.append(f"the history of run {run_id} of {wid} is gone (retention): not replayed")
+
+    async def each() -> AsyncIterator[WorkflowHistory]:
+        for h in histories:
+            yield h
+
+    replayer = Replayer(workflows=[TaskWorkflow], data_converter=pydantic_data_converter)
+    results = await replayer.replay_workflows(each(), raise_on_replay_failure=False)
+    out.replayed = len(histories)
+    for run_id, error in results.replay_failures.items():
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        out.failures.append(f"run {run_id} of {wid} does not replay: {first[:300]}")
+    return out
+
+
+# ── one task, and many ────────────────────────────────────────────────────────────────────────────────
+@dataclass
+class TaskAudit:
+    task_id: str
+    decisions: Recomputation
+    accounts: list[Check]
+    replay: Replay | None = None
+    billing: Billing | None = None  # the task's own, in a one-task audit with --billing
+
+    def problems(self) -> list[str]:
+        """Every problem, the decisions' first (the first divergence leads)."""
+        out = [str(d) for d in self.decisions.divergences]
+        out += [str(c) for c in self.accounts if not c.ok]
+        out += self.replay.failures if self.replay else []
+        out += self.billing.problems() if self.billing else []
+        return out
+
+    def notes(self) -> list[str]:
+        out = [f"today's table would decide differently: {d}" for d in self.decisions.today]
+        out += list(self.decisions.notes)
+        out += self.replay.notes if self.replay else []
+        out += self.billing.notes() if self.billing else []
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def summary(self) -> str:
+        d = self.decisions
+        parts = [
+            _count(d.decisions, "decision") + " recomputed",
+            _count(d.llm, "LLM decision") + " re-validated",
+            "accounts equal" if all(c.ok for c in self.accounts) else "accounts differ",
+        ]
+        if self.replay is not None:
+            parts.append(_count(self.replay.replayed, "history", "histories") + " replayed")
+        if self.billing is not None:
+            parts.append(self.billing.summary())
+        return ", ".join(parts)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task_id,
+            "ok": self.ok,
+            "decisions": self.decisions.decisions,
+            "llm_decisions": self.decisions.llm,
+            "divergences": [d.as_json() for d in self.decisions.divergences],
+            "today_differs": [d.as_json() for d in self.decisions.today],
+            "accounts_equal": all(c.ok for c in self.accounts),
+            "accounts": [c.as_json() for c in self.accounts],
+            "histories_replayed": self.replay.replayed if self.replay else None,
+            "replay_failures": self.replay.failures if self.replay else [],
+            "billing": self.billing.as_json() if self.billing else None,
+            "problems": self.problems(),
+            "notes": self.notes(),
+        }
+
+
+@dataclass
+class Audit:
+    tasks: list[TaskAudit]
+    every: bool  # --all
+    billing: Billing | None = None  # --all --billing: the whole ledger's against the vendors'
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.tasks) and not (self.billing and self.billing.problems())
+
+    def lines(self) -> list[str]:
+        """The report: one task's problems (the first divergence first) and notes, then its summary; or, for
+        every task, one line per task with a problem and a total."""
+        if not self.every:
+            [t] = self.tasks
+            problems = t.problems()
+            head = f"{t.task_id}: " + (f"FAILED: {problems[0]}" if problems else "OK")
+            rest = [f"  {p}" for p in problems[1:]] + [f"  note: {n}" for n in t.notes()]
+            return [head, *rest, f"  {t.summary()}"]
+        out = []
+        for t in self.tasks:
+            problems = t.problems()
+            if problems:
+                more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+                out.append(f"{t.task_id}: {problems[0]}{more}")
+        if self.billing is not None:
+            out += self.billing.problems()
+        bad = sum(1 for t in self.tasks if not t.ok)
+        d = sum(t.decisions.decisions for t in self.tasks)
+        llm = sum(t.decisions.llm for t in self.tasks)
+        unequal = sum(1 for t in self.tasks if not all(c.ok for c in t.accounts))
+        replayed = sum(t.replay.replayed for t in self.tasks if t.replay)
+        total = (
+            f"audited {_count(len(self.tasks), 'task')}, {bad} with problems: "
+            f"{_count(d, 'decision')} recomputed, {_count(llm, 'LLM decision')} re-validated, "
+            + (f"accounts differ in {unequal}" if unequal else "accounts equal")
+            + f", {_count(replayed, 'history', 'histories')} replayed"
+        )
+        if self.billing is not None:
+            total += ", " + self.billing.summary()
+        return [*out, total]
+
+    def as_json(self) -> dict[str, Any]:
+        if not self.every:
+            return self.tasks[0].as_json()
+        return {
+            "ok": self.ok,
+            "tasks": [t.as_json() for t in self.tasks],
+            "billing": self.billing.as_json() if self.billing else None,
+            "total": {
+                "tasks": len(self.tasks),
+                "with_problems": sum(1 for t in self.tasks if not t.ok),
+                "decisions": sum(t.decisions.decisions for t in self.tasks),
+                "llm_decisions": sum(t.decisions.llm for t in self.tasks),
+                "histories_replayed": sum(t.replay.replayed for t in self.tasks if t.replay),
+            },
+        }
+
+
+class UnknownTask(LookupError):
+    pass
+
+
+async def audit(
+    settings: Settings,
+    recorder: Recorder,
+    client: Any,
+    task_ids: Sequence[str] | None,
+    *,
+    billing: bool = False,
+) -> Audit:
+    """Audit ``task_ids`` (None: every task in the ledger) against the rules, the accounts, Temporal and,
+    with ``billing``, the vendors' charges.
+
+    Raises:
+        UnknownTask: a task id the ledger does not know.
+    """
+    every = task_ids is None
+    ids = recorder.task_ids() if task_ids is None else list(task_ids)
+    folded: dict[str, tuple[Decimal, Decimal]] = {}
+    audits: list[TaskAudit] = []
+    ops: list[Operation] = []
+    started: list[datetime] = []
+    planner = Decimal(0)  # the LLM planner's calls: inference, like the review's
+    for tid in ids:
+        events = await asyncio.to_thread(recorder.read_events, tid)
+        if not events:
+            if every:
+                continue  # a lease without events: nothing was ever recorded
+            raise UnknownTask(f"no task {tid!r} in the ledger")
+        p = fold(events)
+        folded[tid] = (p.reserved, p.spent)
+        decided = await asyncio.to_thread(_decisions, events)
+        accounts = await asyncio.to_thread(audit_budget, recorder, tid, folded)
+        replay = await replay_task(client, tid)
+        audits.append(TaskAudit(tid, decided, accounts, replay))
+        if billing:
+            ops.extend(operations(tid, events).values())
+            started.append(events[0].recorded_at)
+            planner += p.inference_spent
+    result = Audit(audits, every)
+    if billing and started:
+        found = await audit_billing(settings, ops, min(started) - CLOCK_SLACK, ids, every=every)
+        found.inference += planner
+        if every:
+            result.billing = found
+        else:
+            audits[0].billing = found
+    return result
+
+
+def _decisions(events: list[StoredEvent]) -> Recomputation:
+    """``audit_decisions``, with a record it cannot even read (a bug, a corrupt row) reported as a problem of
+    its task rather than ending the audit of every other task."""
+    try:
+        return audit_decisions(events)
+    except Exception as e:  # one task's unreadable record is that task's finding
+        seq = events[0].seq if events else 0
+        why = f"nothing: the events do not fold ({type(e).__name__}: {str(e)[:300]})"
+        problem = Divergence(seq, "the task's events", why)
+        return Recomputation(0, 0, (problem,))
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"

@@ -382,7 +382,7 @@ def budget_show(
 @app.command()
 @friendly
 def audit(
-    task_id: Annotated[str | None, typer.Argument(help="the task to audit")] = None,
+    task_id: Annotated[str | None, typer.Argument(metavar="TASK", help="the task to audit")] = None,
     every: Annotated[bool, typer.Option("--all", help="every task in the ledger")] = False,
     billing: Annotated[
         bool, typer.Option("--billing", help="match every charge the vendors list to one operation")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
@@ -113,6 +113,20 @@ class VendorJob(BaseModel, frozen=True):
         return None if value is None else str(value)[:100]
 
 
+class VendorCharge(BaseModel, frozen=True):
+    """One charge as the vendor's own billing lists it: what it billed, for which job, under which key.
+
+    ``operation_key`` is the key the call carried (the jobs protocol's Idempotency-Key, a prediction's
+    ``metadata.operation_key``), where the vendor keeps it. ``amount`` is the vendor's figure as written
+    (``rules.money.vendor_amount`` makes it money, the way the ledger made the job's cost money).
+    """
+
+    job_id: str = Field(min_length=1, max_length=200)
+    operation_key: str | None = Field(default=None, max_length=400)
+    amount: str = Field(max_length=100)
+    at: datetime | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What an adapter can do for reconciliation after a crash, and what it costs to redo."""
@@ -125,6 +139,9 @@ class Capabilities:
     # The protocol sends an idempotency key the vendor deduplicates on (a resubmission is a lookup). Without
     # one, a route's ``idempotent`` (the default of a route that states no mode) cannot hold.
     deduplicates: bool = False
+    # charges() lists the vendor's own billing record, each charge with its job id and key: what the audit
+    # (``ledgerflow audit --billing``) matches to operations.
+    can_list_charges: bool = False
 
 
 class VendorAdapter(Protocol):
@@ -170,6 +187,20 @@ class VendorAdapter(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ChargeListing(Protocol):
+    """What an adapter whose vendor can list its own billing adds (``Capabilities.can_list_charges``).
+
+    Optional, and kept apart from :class:`VendorAdapter`: no operation needs it (``charged`` reads one
+    operation's bill), only the audit (``ledgerflow audit --billing``) does.
+    """
+
+    async def charges(self, since: datetime) -> list[VendorCharge]:
+        """Every charge the vendor's billing lists since ``since``, oldest first: the account's, not only
+        ledgerflow's (VendorCannotTell where the vendor cannot list them)."""
+        ...
 
 
 def job_amount(route: RouteSpec, job: VendorJob) -> VendorAmount:

@@ -8,6 +8,7 @@ Wire protocol (``vendors/simulator``'s, and that of most paid generation APIs)::
     POST /jobs/{id}/cancel          → job             (409: already finished)
     GET  <result.url>               → the bytes       (relative, or absolute on a CDN)
     GET  /billing/charges?job_id=&idempotency_key=    → {charges: [{job_id, idempotency_key, amount}]}
+    GET  /billing/charges?since=T&cursor=C            → {charges: [… created_at], next}: the account's listing
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from vendors.adapter import Capabilities, JobError, JobStatus, ResultFile, VendorJob
-from vendors.errors import ArtifactHashMismatch, VendorConflict, VendorWaitTimeout
+from vendors.adapter import Capabilities, JobError, JobStatus, ResultFile, VendorCharge, VendorJob
+from vendors.errors import ArtifactHashMismatch, VendorCannotTell, VendorConflict, VendorWaitTimeout
 from vendors.httpbase import HttpVendor
 from vendors.routes import VendorMode
+
+CHARGE_PAGE = 500
+MAX_CHARGE_PAGES = 2000  # a billing listing is cut (VendorCannotTell) beyond a million charges
 
 
 class _Charge(BaseModel):
@@ -36,6 +40,15 @@ class _Charge(BaseModel):
 
 class _Charges(BaseModel):
     charges: list[_Charge] = Field(default_factory=list)
+
+
+class _ListedCharge(_Charge):
+    created_at: datetime | None = None
+
+
+class _ChargePage(BaseModel):
+    charges: list[_ListedCharge] = Field(default_factory=list)
+    next: str | None = None
 
 
 class _WireJob(BaseModel):
@@ -74,6 +87,7 @@ class JobsAdapter(HttpVendor):
             has_billing=True,
             # The key is always sent; whether the vendor deduplicates on it only the route can say.
             deduplicates=self.route.mode == VendorMode.IDEMPOTENT,
+            can_list_charges=True,
         )
 
     async def submit(
@@ -136,6 +150,30 @@ class JobsAdapter(HttpVendor):
             return str(sum((Decimal(c.amount) for c in charges), Decimal(0)))
         except ArithmeticError:
             return " + ".join(c.amount for c in charges)  # unusable as a sum: counted at the estimate
+
+    async def charges(self, since: datetime) -> list[VendorCharge]:
+        """The account's billing listing since ``since``, page by page (every charge, whoever made it)."""
+        out: list[VendorCharge] = []
+        cursor: str | None = None
+        for _ in range(MAX_CHARGE_PAGES):
+            params = {"since": since.isoformat(), "limit": str(CHARGE_PAGE)}
+            if cursor:
+                params["cursor"] = cursor
+            page: _ChargePage = self.parse(
+                _ChargePage, await self.request("GET", "/billing/charges", params=params)
+            )
+            out.extend(
+                VendorCharge(
+                    job_id=c.job_id, operation_key=c.idempotency_key, amount=c.amount, at=c.created_at
+                )
+                for c in page.charges
+            )
+            if page.next is None:
+                return out
+            cursor = page.next
+        raise VendorCannotTell(
+            f"more than {MAX_CHARGE_PAGES * CHARGE_PAGE} charges since {since.isoformat()}"
+        )
 
     async def wait(
         self,

@@ -27,7 +27,16 @@ from typing import Any
 from artifacts.store import ArtifactError, ArtifactStore
 from media import MediaInvalid, assemble
 from rules.inputs import refs
-from vendors.adapter import Capabilities, FailureKind, JobError, JobStatus, MediaInfo, ResultFile, VendorJob
+from vendors.adapter import (
+    Capabilities,
+    FailureKind,
+    JobError,
+    JobStatus,
+    MediaInfo,
+    ResultFile,
+    VendorCharge,
+    VendorJob,
+)
 from vendors.codecheck import check_markdown
 from vendors.errors import VendorNotFound, VendorRejected
 from vendors.routes import RouteSpec
@@ -60,7 +69,12 @@ class LocalAdapter:
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            can_lookup=False, can_cancel=False, synchronous=True, has_billing=False, free=True
+            can_lookup=False,
+            can_cancel=False,
+            synchronous=True,
+            has_billing=False,
+            free=True,
+            can_list_charges=True,
         )
 
     async def submit(
@@ -91,6 +105,9 @@ class LocalAdapter:
 
     async def charged(self, operation_key: str, job_id: str | None) -> str | None:
         return "0"
+
+    async def charges(self, since: datetime) -> list[VendorCharge]:
+        return []  # no vendor, no bill
 
     async def aclose(self) -> None:
         return None

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from vendors.adapter import Capabilities, JobStatus, ResultFile, VendorJob
+from vendors.adapter import Capabilities, JobStatus, ResultFile, VendorCharge, VendorJob
 from vendors.errors import VendorBadResponse, VendorCannotTell, VendorNotFound
 from vendors.httpbase import HttpVendor
 
@@ -129,3 +129,8 @@ class OpenAIAdapter(HttpVendor):
 
     async def charged(self, operation_key: str, job_id: str | None) -> str | None:
         return None
+
+    async def charges(self, since: datetime) -> list[VendorCharge]:
+        # OpenAI's usage and costs APIs report totals per time bucket, model and project, never per call:
+        # nothing there names a request, so no charge can be matched to an operation.
+        raise VendorCannotTell("the usage API reports totals per time bucket, not charges per call")

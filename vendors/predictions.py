@@ -4,6 +4,7 @@
     GET  /v1/predictions/{id}         → {id, status, output, error, metrics: {predict_time}, created_at, …}
     GET  /v1/predictions?cursor=C     → {results: [newest first], next}
     POST /v1/predictions/{id}/cancel
+    GET  /v1/usage?since=T&cursor=C   → {results: [{prediction_id, metadata, amount, created_at}], next}
 
 There is no idempotency key: every POST creates and bills a prediction. So the route's mode is at most
 ``lookup_only`` — a lost POST is found again by listing recent predictions and matching the OperationKey in
@@ -20,11 +21,21 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from vendors.adapter import Capabilities, FailureKind, JobError, JobStatus, ResultFile, VendorJob
+from vendors.adapter import (
+    Capabilities,
+    FailureKind,
+    JobError,
+    JobStatus,
+    ResultFile,
+    VendorCharge,
+    VendorJob,
+)
 from vendors.errors import VendorCannotTell
 from vendors.httpbase import HttpVendor
 
 MAX_PAGES = 50  # a lookup never lists more than this many pages (1,000 predictions) back
+USAGE_PAGE = 500
+MAX_USAGE_PAGES = 2000  # the usage listing is cut (VendorCannotTell) beyond a million predictions
 _STATUS = {
     "starting": JobStatus.RUNNING,
     "processing": JobStatus.RUNNING,
@@ -75,10 +86,24 @@ class _Page(BaseModel):
     next: str | None = None
 
 
+class _Usage(BaseModel):
+    prediction_id: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    amount: str
+    created_at: datetime | None = None
+
+
+class _UsagePage(BaseModel):
+    results: list[_Usage] = Field(default_factory=list)
+    next: str | None = None
+
+
 class PredictionsAdapter(HttpVendor):
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(can_lookup=True, can_cancel=True, synchronous=False, has_billing=False)
+        return Capabilities(
+            can_lookup=True, can_cancel=True, synchronous=False, has_billing=False, can_list_charges=True
+        )
 
     async def submit(
         self,
@@ -125,6 +150,30 @@ class PredictionsAdapter(HttpVendor):
 
     async def charged(self, operation_key: str, job_id: str | None) -> str | None:
         return None  # no billing API: the cost is the route's price of the prediction's metrics
+
+    async def charges(self, since: datetime) -> list[VendorCharge]:
+        """The account's usage listing since ``since``: each billed prediction, its amount and metadata."""
+        out: list[VendorCharge] = []
+        cursor: str | None = None
+        for _ in range(MAX_USAGE_PAGES):
+            params = {"since": since.isoformat(), "limit": str(USAGE_PAGE)}
+            if cursor:
+                params["cursor"] = cursor
+            page: _UsagePage = self.parse(_UsagePage, await self.request("GET", "/v1/usage", params=params))
+            for u in page.results:
+                key = u.metadata.get("operation_key")
+                out.append(
+                    VendorCharge(
+                        job_id=u.prediction_id,
+                        operation_key=str(key) if key else None,
+                        amount=u.amount,
+                        at=u.created_at,
+                    )
+                )
+            if page.next is None:
+                return out
+            cursor = page.next
+        raise VendorCannotTell(f"more than {MAX_USAGE_PAGES * USAGE_PAGE} billed predictions since {since}")
 
     def _normalise(self, p: _Prediction) -> VendorJob:
         try:

@@ -8,6 +8,7 @@ vendor's key there. ``/charges``, ``/chat/stats`` and ``/admin/*`` are the test 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
@@ -59,8 +60,27 @@ def create_app(state: SimState) -> FastAPI:
         return state.cancel(job_id)
 
     @api.get("/billing/charges")
-    def billing(job_id: str | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
-        return state.billing(job_id, idempotency_key)
+    def billing(
+        job_id: str | None = None,
+        idempotency_key: str | None = None,
+        since: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = Query(default=100, ge=1, le=1000),
+    ) -> dict[str, Any]:
+        if job_id is not None or idempotency_key is not None:
+            return state.billing(job_id, idempotency_key)
+        # No filter: the account's billing listing (the jobs API's charges), a page at a time.
+        rows, nxt = state.listing("jobs", since, cursor, limit)
+        charges = [
+            {
+                "job_id": c["job_id"],
+                "idempotency_key": c["idempotency_key"],
+                "amount": c["amount"],
+                "created_at": _iso(c["at"]),
+            }
+            for c in rows
+        ]
+        return {"charges": charges, "next": nxt}
 
     @api.post("/v1/predictions")
     def create_prediction(body: PredictionRequest) -> JSONResponse:
@@ -69,6 +89,25 @@ def create_app(state: SimState) -> FastAPI:
     @api.get("/v1/predictions")
     def list_predictions(cursor: str | None = Query(default=None)) -> dict[str, Any]:
         return predictions.list(cursor)
+
+    @api.get("/v1/usage")
+    def prediction_usage(
+        since: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = Query(default=100, ge=1, le=1000),
+    ) -> dict[str, Any]:
+        """The account's billed predictions (what each cost, its metadata), oldest first, a page at a time."""
+        rows, nxt = state.listing("predictions", since, cursor, limit)
+        results = [
+            {
+                "prediction_id": c["job_id"],
+                "metadata": _metadata(state, c["job_id"]),
+                "amount": c["amount"],
+                "created_at": _iso(c["at"]),
+            }
+            for c in rows
+        ]
+        return {"results": results, "next": nxt}
 
     @api.get("/v1/predictions/{prediction_id}")
     def get_prediction(prediction_id: str) -> dict[str, Any]:
@@ -129,6 +168,16 @@ def create_app(state: SimState) -> FastAPI:
 
     app.include_router(api)
     return app
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat()
+
+
+def _metadata(state: SimState, prediction_id: str) -> dict[str, str]:
+    with state.lock:
+        job = state.predictions.get(prediction_id)
+        return dict(job.extra.get("metadata") or {}) if job is not None else {}
 
 
 def create_cdn_app(state: SimState) -> FastAPI:

@@ -4,6 +4,7 @@
     GET  /v1/predictions/{id}         → {id, status, output, error, metrics: {predict_time}, metadata, …}
     GET  /v1/predictions?cursor=C     → {results: [newest first …], next: cursor | null}
     POST /v1/predictions/{id}/cancel  → prediction
+    GET  /v1/usage?since=T&cursor=C   → {results: [{prediction_id, metadata, amount, created_at}], next}
 
 Statuses are ``starting`` → ``processing`` → ``succeeded`` | ``failed`` | ``canceled``. Outputs are absolute
 URLs on the CDN. Every POST creates (and bills) a prediction: a retry of a lost POST pays again, which is why

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,7 @@ class SimState:
                 "executor": executor,
                 "amount": amount,
                 "protocol": protocol,
+                "at": time.time(),  # wall clock: what a billing listing's ``since`` is compared with
             }
         )
 
@@ -275,6 +277,25 @@ class SimState:
                 if (job_id is None or c["job_id"] == job_id) and (key is None or c["idempotency_key"] == key)
             ]
         return {"charges": rows}
+
+    def listing(
+        self, protocol: str, since: datetime | None, cursor: str | None, limit: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a protocol's charges since ``since``, oldest first, and the next page's cursor.
+
+        What a vendor's billing API lists for an account: every charge, with its job id and the key the call
+        carried, whoever made it. The cursor is an offset into the (append-only) record.
+        """
+        after = since.timestamp() if since is not None else None
+        with self.lock:
+            rows = [
+                dict(c)
+                for c in self.charges_
+                if c["protocol"] == protocol and (after is None or c["at"] >= after)
+            ]
+        start = int(cursor) if cursor and cursor.isdigit() else 0
+        nxt = str(start + limit) if start + limit < len(rows) else None
+        return rows[start : start + limit], nxt
 
     # ── the jobs protocol ─────────────────────────────────────────────────────────────────────────────
     def result_url(self, job: Job) -> str:

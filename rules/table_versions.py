@@ -1,0 +1,66 @@
+"""Every rule table that has decided something, by version: what the audit recomputes each INTENT with.
+
+Each INTENT records the version of the table that decided it (``Intent.rules``; today's is
+``rules.table.RULES_VERSION``). An audit must recompute a decision with the table that made it, so an old
+table stays importable for as long as a ledger holds INTENTs it decided. To change what the table decides:
+
+1. copy today's ``rules/table.py`` to ``rules/table_v{N}.py`` (N = today's ``RULES_VERSION``), unchanged;
+2. map N to that module's ``decide`` in ``_TABLES`` below;
+3. change ``rules/table.py`` and bump ``RULES_VERSION``.
+
+``rules.recompute`` then recomputes old INTENTs with their own table and reports apart (informational) where
+today's table would decide differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Final
+
+from rules.actions import Action
+from rules.projection import Projection
+from rules.table import RULES_VERSION, decide
+
+Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
+
+# version -> that table's ``decide``. Today's table is always here under today's version.
+_TABLES: Final[dict[int, Decide]] = {RULES_VERSION: decide}
+_today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block
+
+
+def table(version: int) -> Decide | None:
+    """The ``decide`` of rule table ``version``, or None if no such table is registered."""
+    return _TABLES.get(version)
+
+
+def today() -> tuple[int, Decide]:
+    """Today's table: its version and its ``decide``."""
+    version = _today[0]
+    return version, _TABLES[version]
+
+
+def versions() -> tuple[int, ...]:
+    return tuple(sorted(_TABLES))
+
+
+@contextmanager
+def registered(version: int, decide_fn: Decide, *, as_today: bool = False) -> Iterator[None]:
+    """Register a table for the duration of the block (and, with ``as_today``, make it today's).
+
+    For tests and what-if audits: a rule changed on purpose. Outside such a block, tables are registered by
+    ``_TABLES`` only.
+    """
+    before, before_today = _TABLES.get(version), _today[0]
+    _TABLES[version] = decide_fn
+    if as_today:
+        _today[0] = version
+    try:
+        yield
+    finally:
+        _today[0] = before_today
+        if before is None:
+            del _TABLES[version]
+        else:
+            _TABLES[version] = before
