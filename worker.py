@@ -32,6 +32,7 @@ from runtime import logs, telemetry
 from runtime.metrics import MetricsSettings, sdk_runtime, serve_metrics
 from runtime.settings import ConfigError, Settings, get_settings
 from runtime.signing import demo_public_keys
+from runtime.visibility import ensure_search_attributes
 from vendors.registry import Adapters
 from workflows.task import TaskWorkflow
 
@@ -52,9 +53,10 @@ async def build_worker(
     turns it on and the client has not got it (runtime/telemetry.py).
     """
     recorder = Recorder(settings.resolved_database_url())
-    recorder.create_schema()
+    recorder.check_schema()  # never DDL: `ledgerflow db upgrade` migrates (ledger/migrate.py)
     stack.callback(recorder.dispose)
     refuse_dev_secrets(settings, recorder)
+    await ensure_search_attributes(client)
     http = await stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
     store = open_store(settings.store_location())
     stores = [store]
@@ -77,7 +79,7 @@ async def build_worker(
         settings.llm_model,
         Decimal(settings.llm_price_per_1k_tokens),
     )
-    ledger = LedgerActivities(recorder)
+    ledger = LedgerActivities(recorder, settings.route_table().names())
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
     stages = StageActivities(
         recorder,
@@ -113,6 +115,9 @@ async def build_worker(
         ],
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
+        # On SIGTERM the worker stops polling and gives its in-flight activities this long to finish; the rest
+        # are cancelled as a shutdown (their operations stay open for the next attempt to reconcile).
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
         interceptors=telemetry.worker_interceptors(client) if interceptors is None else interceptors,
     )

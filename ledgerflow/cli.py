@@ -117,11 +117,10 @@ def down() -> None:
 @friendly
 def worker() -> None:
     """Run a worker in the foreground (same as ``python worker.py``)."""
-    import logging
-
     import worker as worker_module
+    from runtime import logs
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure()  # text, or JSON with LEDGERFLOW_LOG_FORMAT=json (runtime/logs.py)
     asyncio.run(worker_module.run_worker(get_settings()))
 
 

@@ -47,7 +47,7 @@ async def connect(settings: Settings) -> Client:
 
 def recorder(settings: Settings) -> Recorder:
     rec = Recorder(settings.resolved_database_url())
-    rec.create_schema()
+    rec.check_schema()  # never DDL: `ledgerflow db upgrade` migrates (ledger/migrate.py)
     return rec
 
 

@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     vendor_mode: VendorMode = VendorMode.IDEMPOTENT
     # The route table (vendors/routes.py): which adapter and vendor serve each executor. None: built in.
     routes_file: Path | None = None
+    # How long a worker stopping on SIGTERM lets in-flight activities finish (`ledgerflow down` waits 30 s).
+    graceful_shutdown_seconds: float = Field(default=20.0, ge=0, le=3600)
     # How long a worker may go silent before Temporal gives its activity to another worker.
     heartbeat_timeout_seconds: float = 30.0
     # ``dev`` (LEDGERFLOW_ENV=dev: the embedded stack writes it into stack.json, the tests set it) allows the

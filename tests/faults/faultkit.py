@@ -197,6 +197,13 @@ class Worker:
         self.proc.wait(timeout=30)
         self._reader.join(timeout=10)
 
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM (what an orchestrator sends before it stops a container) and wait for the exit code."""
+        self._signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
     def stop(self) -> None:
         self._signal(signal.SIGSTOP)
         self.stopped = True
