@@ -85,14 +85,14 @@ def test_soak_with_a_missing_or_broken_simulator_profile_is_one_line_before_anyt
     assert not (tmp_path / ".ledgerflow").exists(), "no stack was started for bad input"
 
 
-def test_unreachable_temporal_is_one_line(tmp_path, pg_url):
+def test_unreachable_temporal_is_one_line(tmp_path, pg_url, recorder):  # recorder: the schema exists
     path = tmp_path / "plan.yaml"
     path.write_text(GOOD)
     env = {"LEDGERFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1", "LEDGERFLOW_DATABASE_URL": pg_url}
     assert_one_line_error(run(["submit", str(path)], env=env, cwd=tmp_path), "cannot reach Temporal")
 
 
-def test_status_of_an_unknown_task_is_one_line(tmp_path, pg_url):
+def test_status_of_an_unknown_task_is_one_line(tmp_path, pg_url, recorder):  # recorder: the schema exists
     env = {"LEDGERFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1", "LEDGERFLOW_DATABASE_URL": pg_url}
     assert_one_line_error(run(["status", "no-such-task"], env=env, cwd=tmp_path), "no task 'no-such-task'")
 
@@ -155,7 +155,7 @@ async def test_submit_wait_runs_a_task_and_events_lists_its_ledger(lf, sim, tmp_
     assert all(r["current"] and r["input_hash"] for r in rows.values() if r["node"] != "compose")
 
 
-def test_artifacts_of_an_unknown_task_is_one_line(tmp_path, pg_url):
+def test_artifacts_of_an_unknown_task_is_one_line(tmp_path, pg_url, recorder):  # recorder: the schema exists
     env = {"LEDGERFLOW_DATABASE_URL": pg_url}
     assert_one_line_error(run(["artifacts", "no-such-task"], env=env, cwd=tmp_path), "no task 'no-such-task'")
 
