@@ -32,6 +32,7 @@ from runtime import logs, telemetry
 from runtime.metrics import MetricsSettings, sdk_runtime, serve_metrics
 from runtime.settings import ConfigError, Settings, get_settings
 from runtime.signing import demo_public_keys
+from runtime.temporal_config import connect_options
 from runtime.visibility import ensure_search_attributes
 from vendors.registry import Adapters
 from workflows.task import TaskWorkflow
@@ -145,8 +146,9 @@ def refuse_dev_secrets(settings: Settings, recorder: Recorder) -> None:
 async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
     """The worker's client: on ``runtime`` if given (one exporting the SDK's metrics), else the default."""
     return await Client.connect(
-        settings.resolved_temporal_address(),
-        namespace=settings.namespace,
+        **connect_options(
+            settings
+        ),  # Temporal's envconfig (TLS, API key) + our address (runtime/temporal_config)
         data_converter=pydantic_data_converter,
         runtime=runtime,
     )

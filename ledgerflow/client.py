@@ -17,6 +17,7 @@ from rules.plan import Plan, Routes, load_plan
 from rules.projection import fold, summary
 from runtime import telemetry
 from runtime.settings import Settings, get_settings
+from runtime.temporal_config import connect_options
 from workflows.contracts import TaskInput, TaskResult, workflow_id
 from workflows.task import TaskWorkflow
 
@@ -33,11 +34,11 @@ def parse_plan(text: str, task_id: str | None = None, routes: Routes | None = No
 async def connect(settings: Settings) -> Client:
     """A client for the CLI; traced (its starts, signals and queries) when the OTEL_* variables turn tracing
     on (runtime/telemetry.py): a task it starts is then one trace, down to each vendor call."""
-    address = settings.resolved_temporal_address()
+    options = connect_options(settings)  # Temporal's envconfig (TLS, API key) + our address
+    address = options["target_host"]
     try:
         return await Client.connect(
-            address,
-            namespace=settings.namespace,
+            **options,
             data_converter=pydantic_data_converter,
             interceptors=telemetry.client_interceptors(),
         )

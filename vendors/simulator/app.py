@@ -150,7 +150,7 @@ def create_app(state: SimState) -> FastAPI:
     @app.get("/admin/stats")
     def stats() -> dict[str, int]:
         with state.lock:
-            return {"conflicts": state.conflicts, "leaks": len(state.leaks)}
+            return {"conflicts": state.conflicts, "leaks": len(state.leaks), "dropped": state.dropped}
 
     @app.get("/admin/config")
     def get_config() -> SimConfig:

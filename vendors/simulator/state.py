@@ -226,6 +226,7 @@ class SimState:
             self.chat_: dict[str, int] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
             self.leaks: list[dict[str, str]] = []  # requests that reached the CDN carrying a credential
             self.conflicts = 0  # 409s answered to a key whose first request was still in flight
+            self.dropped = 0  # responses dropped after the job was created and charged (drop_response)
             self.predictions: dict[str, Job] = {}  # the predictions protocol's jobs, in creation order
             self.predictions_asked = 0  # every POST /v1/predictions, refused or not (names anonymous ones)
             self.files: dict[str, Output] = {}  # images served by URL from the CDN
@@ -386,6 +387,8 @@ class SimState:
             time.sleep(profile.slow_seconds)  # the job exists and is charged; the answer is just late
         if draw.dropped:
             # The vendor's worst habit: the job exists and is charged, but the client never learns its id.
+            with self.lock:
+                self.dropped += 1
             raise SimError(502, "bad_gateway", "upstream connection reset")
         return 201, view
 
