@@ -29,11 +29,15 @@ class OpenTaskInput(BaseModel):
     task_id: str
     plan: Plan
     holder: str
+    # At most this many events in the result (None: all, as runs recorded before paging asked); the rest are
+    # read in pages of the same size, so no payload outgrows Temporal's 2 MB limit.
+    limit: int | None = None
 
 
 class OpenTaskResult(BaseModel):
     epoch: int
     events: list[StoredEvent]
+    complete: bool = True  # False: there are more events after the last one returned
 
 
 class AppendInput(BaseModel):
@@ -57,6 +61,7 @@ class MarkInput(BaseModel):
 class ReadInput(BaseModel):
     task_id: str
     after: int
+    limit: int | None = None  # a page (None: everything after ``after``)
 
 
 class LedgerActivities:
@@ -68,7 +73,8 @@ class LedgerActivities:
 
     @activity.defn(name="ledger.open_task")
     def open_task(self, inp: OpenTaskInput) -> OpenTaskResult:
-        """Take the task's fencing epoch (+1), write TaskCreated if absent, return the whole history.
+        """Take the task's fencing epoch (+1), write TaskCreated if absent, return the history (its first
+        ``limit`` events, if given: the caller reads the rest in pages).
 
         A new task's plan is validated first, exactly as ``ledgerflow submit`` validates it (graph, data,
         routes, budget): a workflow started by any client with an invalid plan fails at once, with the
@@ -80,7 +86,7 @@ class LedgerActivities:
                 raise ApplicationError(f"invalid plan: {e}", type="PlanInvalid", non_retryable=True) from None
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
-        events = self.recorder.read_events(inp.task_id)
+        events = self.recorder.read_events(inp.task_id, limit=None if inp.limit is None else inp.limit + 1)
         if not events:
             created = to_new(TaskCreated(plan=inp.plan), dedup_key=created_key(inp.task_id))
             try:
@@ -90,6 +96,8 @@ class LedgerActivities:
             except DuplicateEvent:
                 pass  # a concurrent opener wrote it first; the read below returns it
             events = self.recorder.read_events(inp.task_id)
+        if inp.limit is not None and len(events) > inp.limit:
+            return OpenTaskResult(epoch=epoch, events=events[: inp.limit], complete=False)
         return OpenTaskResult(epoch=epoch, events=events)
 
     @activity.defn(name="ledger.append")
@@ -131,7 +139,7 @@ class LedgerActivities:
 
     @activity.defn(name="ledger.read")
     def read(self, inp: ReadInput) -> list[StoredEvent]:
-        return self.recorder.read_events(inp.task_id, after_seq=inp.after)
+        return self.recorder.read_events(inp.task_id, after_seq=inp.after, limit=inp.limit)
 
 
 def _stale(e: StaleEpoch) -> ApplicationError:

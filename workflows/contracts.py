@@ -31,6 +31,10 @@ class TaskInput(BaseModel):
     plan: Plan
     # How long an executor may go without heartbeating before Temporal hands its activity to another worker.
     heartbeat_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    # A run continues as new once its history holds this many events (or Temporal suggests it): far below
+    # Temporal's hard limit of 51,200, which in-flight work drains into (workflows/task.py).
+    max_history_events: int = Field(default=10_000, ge=50, le=40_000)
+    continued: int = Field(default=0, ge=0)  # how many runs of this task continued as new before this one
 
 
 class TaskResult(BaseModel):

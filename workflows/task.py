@@ -77,7 +77,7 @@ with workflow.unsafe.imports_passed_through():
     from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
     from rules.people import decision_ref, final_deadline
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
-    from rules.table import RULES_VERSION, budget_refused, decide, past_deadline
+    from rules.table import RULES_VERSION, budget_refused, decide, next_deadline, past_deadline
     from workflows.contracts import EPISODE, PROJECT, SPENT, STATE, VERDICT, WAITING, TaskInput, TaskResult
 
 LEDGER_TIMEOUT = timedelta(seconds=30)
@@ -112,7 +112,17 @@ FAIR_DECISIONS = "fair-decisions-v1"
 # The task tells its story in the Temporal UI: search attributes upserted on state transitions and stage
 # completions (not per node: each upsert is a history event), the goal in the memo.
 UI_STORY = "ui-story-v1"
+# A run whose history grows long continues as new: it stops dispatching, lets what is in flight finish, and
+# hands over to a new run that re-opens the task from the ledger (takes the next epoch, adopts whatever is
+# still open, which after the drain is nothing but a crashed worker's leftovers).
+CONTINUE_AS_NEW = "continue-as-new-v1"
 DECISION_BATCH = 100
+# Ledger events per local activity result when a run reads a long ledger (opening, refolding): an event is at
+# most ~20 kB (a Decision's raw output), so a page stays under Temporal's 2 MB payload limit.
+LEDGER_PAGE = 100
+LEDGER_PAGES = (
+    "ledger-pages-v1"  # the refold reads in pages (the opening needs no marker: see OpenTaskResult)
+)
 # Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
 # cancels and records, and it may have to wait until a maybe-sent request is provably absent.
 CLOSE_TIMEOUT = timedelta(minutes=10)
@@ -163,6 +173,8 @@ class TaskWorkflow:
         self._intents_in_executor = False  # this run's executors write their INTENTs (INTENT_IN_EXECUTOR)
         self._refused: list[tuple[str, str]] = []  # (operation key, why): INTENTs the ledger refused to write
         self._told: tuple[object, ...] | None = None  # what the search attributes last said (UI_STORY)
+        self._input: TaskInput | None = None
+        self._draining = False  # the history is long: dispatch nothing more, then continue as new
 
     @workflow.signal(name="decide")
     def decide_signal(self, decision: Any) -> None:
@@ -180,10 +192,15 @@ class TaskWorkflow:
     @workflow.run
     async def run(self, inp: TaskInput) -> TaskResult:
         self._task_id = inp.task_id
-        opening = OpenTaskInput(task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id)
+        self._input = inp
+        opening = OpenTaskInput(
+            task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id, limit=LEDGER_PAGE
+        )
         opened: OpenTaskResult = await self._local("ledger.open_task", opening, OpenTaskResult)
         self._epoch = opened.epoch
         self._p = p = fold(opened.events)
+        if not opened.complete:  # a long ledger (a continued run, a takeover): the rest in pages
+            self._apply(p, await self._read_all(p.task_id, after=p.watermark))
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
@@ -200,11 +217,17 @@ class TaskWorkflow:
             self._tell(p)
             if p.terminal:
                 break
+            if self._long_history() and workflow.patched(CONTINUE_AS_NEW):
+                self._draining = True
+                if not (self._running or p.provisional or self._inbox or self._refused):
+                    self._continue_as_new(p)
             now = workflow.now()
             decided = decide(p, now)
             if decided is None:
                 decided = await self._ask_llm(p, now)
             rule, action = decided
+            if self._draining and isinstance(action, Dispatch | StaticGate):
+                action = Wait(until=next_deadline(p, now))  # in flight first; new work goes to the next run
             if isinstance(action, Wait):
                 await self._wait(p, action)
                 continue
@@ -228,6 +251,33 @@ class TaskWorkflow:
         await self._take_decisions(p)
         self._tell(p)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
+
+    async def _read_all(self, task_id: str, after: int) -> list[StoredEvent]:
+        """Every event after ``after``, read in pages: no local activity result outgrows Temporal's 2 MB."""
+        events: list[StoredEvent] = []
+        while True:
+            read = ReadInput(task_id=task_id, after=after, limit=LEDGER_PAGE)
+            page: list[StoredEvent] = await self._ledger("ledger.read", read)
+            events += page
+            if len(page) < LEDGER_PAGE:
+                return events
+            after = page[-1].seq
+
+    def _long_history(self) -> bool:
+        info = workflow.info()
+        assert self._input is not None
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._input.max_history_events
+        )
+
+    def _continue_as_new(self, p: Projection) -> None:
+        """Hand the task to a new run of this workflow: nothing is in flight, no decision is waiting to be
+        recorded, so the ledger holds everything the new run needs (it re-opens the task from it)."""
+        assert self._input is not None
+        workflow.logger.info("history is long: continuing as new at seq %s", p.watermark)
+        nxt = self._input.model_copy(update={"continued": self._input.continued + 1})
+        workflow.continue_as_new(nxt)
 
     def _tell(self, p: Projection) -> None:
         """What the Temporal UI shows: progress as the current details (free: not in the history) and, when
@@ -306,7 +356,10 @@ class TaskWorkflow:
     async def _refold(self, p: Projection, drop: set[str]) -> None:
         """Rebuild the projection from the whole ledger without the provisional INTENTs in ``drop`` (never
         written). Rare (a refused reservation, a task closing mid-dispatch), so a full read is acceptable."""
-        events = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=0))
+        if workflow.patched(LEDGER_PAGES):
+            events = await self._read_all(p.task_id, after=0)
+        else:  # runs recorded before paging read it in one local activity
+            events = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=0))
         keep = {k: v for k, v in p.provisional.items() if k not in drop}
         fresh = refold(events, keep, p.intents)
         vars(p).clear()
