@@ -119,7 +119,7 @@ CONTINUE_AS_NEW = "continue-as-new-v1"
 DECISION_BATCH = 100
 # Ledger events per local activity result when a run reads a long ledger (opening, refolding): an event is at
 # most ~20 kB (a Decision's raw output), so a page stays under Temporal's 2 MB payload limit.
-LEDGER_PAGE = 100
+LEDGER_PAGE = 200
 LEDGER_PAGES = (
     "ledger-pages-v1"  # the refold reads in pages (the opening needs no marker: see OpenTaskResult)
 )
@@ -253,11 +253,20 @@ class TaskWorkflow:
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
 
     async def _read_all(self, task_id: str, after: int) -> list[StoredEvent]:
-        """Every event after ``after``, read in pages: no local activity result outgrows Temporal's 2 MB."""
+        """Every event after ``after``, read in pages of regular activities: each page is its own history
+        event (≤ 2 MB). Local activities would not do: their results all travel in the one workflow-task
+        completion, which gRPC caps at 4 MB (a 2,002-node task's re-opening hit that)."""
         events: list[StoredEvent] = []
         while True:
             read = ReadInput(task_id=task_id, after=after, limit=LEDGER_PAGE)
-            page: list[StoredEvent] = await self._ledger("ledger.read", read)
+            page: list[StoredEvent] = await workflow.execute_activity(
+                "ledger.read",
+                read,
+                start_to_close_timeout=LEDGER_TIMEOUT,
+                retry_policy=LEDGER_RETRY,
+                result_type=_EVENTS,
+                summary=f"ledger page after {after}",
+            )
             events += page
             if len(page) < LEDGER_PAGE:
                 return events

@@ -21,14 +21,14 @@ from workflows.contracts import TaskInput, workflow_id
 from workflows.task import LEDGER_PAGE, TaskWorkflow
 
 PLAN = """
-goal: a board a person approves, then thirty shots, one of them reworked
+goal: a board a person approves, then sixty shots, one of them reworked
 budget_ceiling: 40
 stages:
   - {id: board, executor: llm.text, estimate: 0.5, approval: true}
-  - {id: shots, executor: image.keyframe, estimate: 0.4, depends_on: [board], fan_out: 30, canary: false}
+  - {id: shots, executor: image.keyframe, estimate: 0.4, depends_on: [board], fan_out: 60, canary: false}
   - {id: edit, executor: edit.assembly, estimate: 0.2, depends_on: [shots]}
 """
-LIMIT = 80  # events per run: several runs for this task, the later ones opening a ledger of pages
+LIMIT = 150  # events per run: several runs for this task, the later ones opening a ledger of pages
 REWORK_S03 = json.dumps({"scores": {"visual": 0.4}, "blame": {"visual": ["shots/S03"]}, "reasons": ["off"]})
 PASS = json.dumps({"scores": {"visual": 0.9}, "blame": {}, "reasons": []})
 
