@@ -120,6 +120,7 @@ DECISION_BATCH = 100
 # Ledger events per local activity result when a run reads a long ledger (opening, refolding): an event is at
 # most ~20 kB (a Decision's raw output), so a page stays under Temporal's 2 MB payload limit.
 LEDGER_PAGE = 200
+SUGGESTION_MIN_GROWTH = 2_000  # events a run adds before Temporal's size-based suggestion is taken
 LEDGER_PAGES = (
     "ledger-pages-v1"  # the refold reads in pages (the opening needs no marker: see OpenTaskResult)
 )
@@ -175,6 +176,7 @@ class TaskWorkflow:
         self._told: tuple[object, ...] | None = None  # what the search attributes last said (UI_STORY)
         self._input: TaskInput | None = None
         self._draining = False  # the history is long: dispatch nothing more, then continue as new
+        self._opened_length = 0  # the history's length once the task was opened (its ledger read)
 
     @workflow.signal(name="decide")
     def decide_signal(self, decision: Any) -> None:
@@ -201,6 +203,7 @@ class TaskWorkflow:
         self._p = p = fold(opened.events)
         if not opened.complete:  # a long ledger (a continued run, a takeover): the rest in pages
             self._apply(p, await self._read_all(p.task_id, after=p.watermark))
+        self._opened_length = workflow.info().get_current_history_length()
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
@@ -273,11 +276,15 @@ class TaskWorkflow:
             after = page[-1].seq
 
     def _long_history(self) -> bool:
+        """Whether this run's history is long. Temporal's suggestion also counts bytes, and a run that has
+        just read a long ledger is already big in bytes: it is taken only once the run itself has grown by
+        ``SUGGESTION_MIN_GROWTH`` events, so a new run never continues again at once (a loop)."""
         info = workflow.info()
         assert self._input is not None
-        return (
-            info.is_continue_as_new_suggested()
-            or info.get_current_history_length() >= self._input.max_history_events
+        length = info.get_current_history_length()
+        grown = length - self._opened_length
+        return length >= self._input.max_history_events or (
+            grown >= SUGGESTION_MIN_GROWTH and info.is_continue_as_new_suggested()
         )
 
     def _continue_as_new(self, p: Projection) -> None:
