@@ -466,35 +466,47 @@ def request(
         out.print(people.request_view(detail), soft_wrap=True, highlight=False)
 
 
+# The options of a signed decision, shared by `decide` (sign and send) and `sign` (sign and print).
+KeyFileOption = Annotated[
+    Path | None,
+    typer.Option("--key-file", envvar="LEDGERFLOW_KEY_FILE", help="your key file (signs the decision)"),
+]
+AsOption = Annotated[
+    str | None, typer.Option("--as", help="who decides (dev mode: a demo approver, no key file)")
+]
+AmountOption = Annotated[str | None, typer.Option("--amount", help="for add-budget")]
+ScopeOption = Annotated[
+    str | None,
+    typer.Option("--scope", help="for add-budget: project:P, episode:P/E or task:T (default: the one short)"),
+]
+NoteOption = Annotated[str, typer.Option("--note", help="why")]
+
+
+def _signer(request_id: str, key_file: Path | None, approver: str | None) -> tuple[str, str, Any]:
+    """(task id, request id, the key to sign with) for ``TASK_ID/REQUEST_ID``."""
+    from ledgerflow import people
+
+    task_id, rid = people.parse_global_id(request_id)
+    return task_id, rid, people.approver_key(get_settings(), key_file, approver)
+
+
 @app.command()
 @friendly
 def decide(
     request_id: Annotated[str, typer.Argument(help="TASK_ID/REQUEST_ID")],
     decision: Annotated[str, typer.Argument(help="approve | resume | abort | add-budget")],
-    key_file: Annotated[
-        Path | None,
-        typer.Option("--key-file", envvar="LEDGERFLOW_KEY_FILE", help="your key file (signs the decision)"),
-    ] = None,
-    approver: Annotated[
-        str | None, typer.Option("--as", help="who decides (dev mode: a demo approver, no key file)")
-    ] = None,
-    amount: Annotated[str | None, typer.Option("--amount", help="for add-budget")] = None,
-    scope: Annotated[
-        str | None,
-        typer.Option(
-            "--scope", help="for add-budget: project:P, episode:P/E or task:T (default: the one short)"
-        ),
-    ] = None,
-    note: Annotated[str, typer.Option("--note", help="why")] = "",
+    key_file: KeyFileOption = None,
+    approver: AsOption = None,
+    amount: AmountOption = None,
+    scope: ScopeOption = None,
+    note: NoteOption = "",
 ) -> None:
     """Sign and send a decision, then wait for the worker's ruling: exit 0 accepted, 1 otherwise."""
     from ledgerflow import people
 
-    task_id, rid = people.parse_global_id(request_id)
-    settings = get_settings()
-    key = people.approver_key(settings, key_file, approver)
+    task_id, rid, key = _signer(request_id, key_file, approver)
     sent = asyncio.run(
-        people.decide(settings, key, task_id, rid, decision, note=note, amount=amount, scope=scope)
+        people.decide(get_settings(), key, task_id, rid, decision, note=note, amount=amount, scope=scope)
     )
     (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
     if sent.status != "accepted":
@@ -535,23 +547,17 @@ def stats(
 def sign(
     request_id: Annotated[str, typer.Argument(help="TASK_ID/REQUEST_ID")],
     decision: Annotated[str, typer.Argument(help="approve | resume | abort | add-budget")],
-    key_file: Annotated[
-        Path | None,
-        typer.Option("--key-file", envvar="LEDGERFLOW_KEY_FILE", help="your key file (signs the decision)"),
-    ] = None,
-    approver: Annotated[
-        str | None, typer.Option("--as", help="who decides (dev mode: a demo approver, no key file)")
-    ] = None,
-    amount: Annotated[str | None, typer.Option("--amount", help="for add-budget")] = None,
-    scope: Annotated[str | None, typer.Option("--scope", help="for add-budget: the budget scope")] = None,
-    note: Annotated[str, typer.Option("--note", help="why")] = "",
+    key_file: KeyFileOption = None,
+    approver: AsOption = None,
+    amount: AmountOption = None,
+    scope: ScopeOption = None,
+    note: NoteOption = "",
 ) -> None:
     """Print a signed decision (one JSON line) to send any way, e.g. with the stock Temporal CLI:
     temporal workflow signal --workflow-id ledgerflow-task-T --name decide --input "$(ledgerflow sign …)"."""
     from ledgerflow import people
 
-    task_id, rid = people.parse_global_id(request_id)
-    key = people.approver_key(get_settings(), key_file, approver)
+    task_id, rid, key = _signer(request_id, key_file, approver)
     payload = people.signed_payload(key, task_id, rid, decision, note=note, amount=amount, scope=scope)
     sys.stdout.write(json.dumps(payload, separators=(",", ":")) + "\n")
 
