@@ -268,9 +268,14 @@ async def _start_all(
 
 
 async def _settled(client: Client, project: str) -> int:
-    """How many of the run's tasks are settled: the workflow ended, or its task state says so."""
+    """How many of the run's tasks are settled: the task's last run ended, or its task state says so."""
     states = ", ".join(f"'{s}'" for s in sorted(SETTLED))
-    query = f"{PROJECT.name} = '{project}' AND (ExecutionStatus != 'Running' OR {STATE.name} IN ({states}))"
+    query = (
+        f"{PROJECT.name} = '{project}'"
+        # a run that continued as new is not its task's end (the next run carries the search attributes on)
+        f" AND ExecutionStatus != 'ContinuedAsNew'"
+        f" AND (ExecutionStatus != 'Running' OR {STATE.name} IN ({states}))"
+    )
     with contextlib.suppress(RPCError):
         return (await client.count_workflows(query)).count
     return 0
