@@ -6,7 +6,8 @@ anomaly). What is left crosses the boundary here, as an ``ApplicationError`` who
 of the error, so the workflow reads a typed error, never a message:
 
 * **retry later** — the vendor or the ledger is unreachable, rate-limits (after its ``Retry-After``), the
-  route is paused for a person, or a maybe-sent request cannot be proven absent yet (after that long);
+  route is paused for a person, no route serves the executor now (``RouteWaiting``: a breaker is open, a
+  fallback's canary is out), or a maybe-sent request cannot be proven absent yet (after that long);
 * **stop** — the run was fenced off (``StaleEpoch``: another run holds the task), or a bug (a ledger error
   that is not about availability, an error nobody classified): never retried; the workflow then closes the
   operation from the record and the vendor (``operation.close``), so nothing is left open and nothing is
@@ -23,7 +24,7 @@ from typing import Final, NoReturn
 from temporalio.exceptions import ApplicationError, FailureError
 
 from artifacts.store import ArtifactError
-from ledger.errors import LedgerError, LedgerUnavailable, StaleEpoch
+from ledger.errors import LedgerError, LedgerUnavailable, RouteWaiting, StaleEpoch
 from vendors.errors import VendorError, VendorRateLimited
 
 
@@ -70,7 +71,7 @@ def to_application_error(error: BaseException) -> ApplicationError:
         return ApplicationError(message, type=name, non_retryable=True)
     if isinstance(error, VendorRateLimited):
         return ApplicationError(message, type=name, next_retry_delay=_delay(error.retry_after))
-    if isinstance(error, RoutePaused):
+    if isinstance(error, RoutePaused | RouteWaiting):
         return ApplicationError(message, type=name, next_retry_delay=_delay(error.retry_s))
     if isinstance(error, NotYetProvable):
         return ApplicationError(message, type=name, next_retry_delay=_delay(error.wait_s))

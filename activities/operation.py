@@ -38,7 +38,7 @@ from activities.boundary import NotYetProvable, RoutePaused, cross
 from activities.models import StageInput
 from artifacts.store import ArtifactStore
 from ledger.errors import DuplicateEvent, LedgerError, StaleEpoch
-from ledger.recorder import Recorder
+from ledger.recorder import Recorder, Routing
 from reconcile.operations import OperationState, operation_state
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import (
@@ -368,7 +368,10 @@ async def heartbeating() -> AsyncIterator[Heartbeat]:
 
 
 async def recorded(
-    recorder: Recorder, inp: StageInput, body: Callable[[], Awaitable[StoredEvent]]
+    recorder: Recorder,
+    inp: StageInput,
+    body: Callable[[], Awaitable[StoredEvent]],
+    routing: Routing | None = None,
 ) -> StoredEvent | list[StoredEvent]:
     """An executor activity's whole run for a dispatch whose INTENT it writes (``inp.intent``; None: the
     workflow wrote it, and the body's result is returned as before).
@@ -381,6 +384,10 @@ async def recorded(
     written in between (workflows/task.py); the rows come from the writes themselves, not from a read.
     (Returning every row since the loop's watermark instead, to spare the read a small fan-out's interleaved
     rows cause, saved no history events in ``make bench`` and doubled E001's history.)
+
+    With ``routing`` the same append chooses the operation's route (rules.routing: the primary, a qualified
+    fallback, or RouteWaiting — nothing written, asked again later); the body reads it with ``chosen_route``.
+    An operation keeps its route for life: a retry finds it in its INTENT.
     """
     intent, task_id = inp.intent, inp.task_id
     bound = logs.current()
@@ -398,6 +405,7 @@ async def recorded(
                 [intent],
                 reserve=inp.estimate,
                 unless=closing_key(task_id),
+                routing=routing,
             )
             mark("intent_recorded", task=task_id, op=intent.operation_key)
             activity.logger.info("INTENT recorded, %s reserved", inp.estimate)
@@ -414,15 +422,24 @@ async def recorded(
             activity.logger.info("INTENT refused: %s", e)
             cross(e)
     token = _WRITTEN.set(rows)
+    route = _ROUTE.set(rows[0].payload.get("route") if rows else None)
     try:
         result = await body()
     finally:
         _WRITTEN.reset(token)
+        _ROUTE.reset(route)
     return sorted({r.seq: r for r in [*rows, result]}.values(), key=lambda r: r.seq)
 
 
 # The rows the current executor attempt has written (set by ``recorded``, appended to by ``Operation.write``).
 _WRITTEN: ContextVar[list[StoredEvent] | None] = ContextVar("ledgerflow_written", default=None)
+# The route the operation's INTENT chose (set by ``recorded``; None: not routed, the executor's own route).
+_ROUTE: ContextVar[str | None] = ContextVar("ledgerflow_route", default=None)
+
+
+def chosen_route() -> str | None:
+    """The route this attempt's INTENT recorded (``recorded`` sets it for the body)."""
+    return _ROUTE.get()
 
 
 def bind(task_id: str, node: str, key: str, epoch: int, route: str | None) -> None:

@@ -40,6 +40,7 @@ from rules.inputs import refs
 from rules.money import VendorAmount
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import Projection, fold
+from rules.routing import Observation, first_reviews
 from rules.verdicts import (
     CheckResult,
     Severity,
@@ -208,7 +209,8 @@ class ReviewActivities:
     async def _review(
         self, op: Operation, state: OperationState, inp: StageInput, beat: Heartbeat
     ) -> StoredEvent:
-        p = await self._projection(inp.task_id)
+        events = await asyncio.to_thread(self.recorder.read_events, inp.task_id)
+        p = fold(events)
         business = _business(p)
         results = checks.phase1(await _facts(p, business, self.store_for))
         scores: dict[str, float] = {}
@@ -236,7 +238,29 @@ class ReviewActivities:
             scores=scores,
             actual_cost=cost,
         )
-        return await op.resolve(event, spend=cost)
+        resolved = await op.resolve(event, spend=cost)
+        if resolved.type == "ExecutionResult" and resolved.payload.get("kind") == "review":
+            await self._observe_quality(first_reviews(events, resolved.payload.get("flagged") or ()))
+        return resolved
+
+    async def _observe_quality(self, judged: list[tuple[str, str, bool]]) -> None:
+        """Each routed output's first review, to its route's breaker (a collapsing first-pass rate trips it).
+        Advice only: a failure to record it is logged, the verdict stands."""
+        table = self.adapters.table if self.adapters is not None else None
+        for route, key, passed in judged:
+            spec = table.routes.get(route) if table is not None else None
+            if spec is None:
+                continue
+            what = Observation.REVIEW_PASS if passed else Observation.REVIEW_FAIL
+            try:
+                change = await asyncio.to_thread(
+                    self.recorder.observe, route, what, key, spec.breaker.policy()
+                )
+            except Exception as e:  # advice only: logged, the verdict stands
+                activity.logger.warning("route %s: review observation not recorded: %s", route, e)
+                continue
+            if change is not None:
+                activity.logger.warning("route %s: breaker %s after a failed first review", route, change)
 
     async def _judge(self, op: Operation, state: OperationState, question: str, beat: Heartbeat) -> ChatReply:
         """The model's judgement of ``question``: the one a previous attempt already paid for, if any (it

@@ -30,10 +30,10 @@ from temporalio import activity
 
 from activities.boundary import NotYetProvable, RoutePaused, cross
 from activities.models import CloseInput, StageInput, SweepInput
-from activities.operation import Heartbeat, Operation, heartbeating, recorded
+from activities.operation import Heartbeat, Operation, chosen_route, heartbeating, recorded
 from artifacts.store import ArtifactCorrupt, ArtifactMissing, ArtifactStore, read_chunks, sha256_of
 from ledger.errors import AlreadyResolved, StaleEpoch
-from ledger.recorder import Recorder
+from ledger.recorder import Recorder, Routing
 from media import MediaInvalid, MediaProbe, probe
 from reconcile.operations import Next, OperationState, after_lookup, operation_state, reconcile, stop_step
 from reconcile.watchdog import StallWatch
@@ -44,6 +44,7 @@ from rules.inputs import refs
 from rules.keys import is_result_key
 from rules.money import vendor_amount
 from rules.projection import fold
+from rules.routing import Observation, convert
 from runtime.faults import mark
 from runtime.telemetry import traced
 from vendors.adapter import Capabilities, JobStatus, VendorAdapter, VendorJob, job_amount
@@ -58,7 +59,7 @@ from vendors.errors import (
     VendorUnavailable,
 )
 from vendors.registry import Adapters
-from vendors.routes import RouteSpec
+from vendors.routes import AdapterKind, RouteSpec
 
 # operation.close asks an unreachable vendor this many times before counting the operation at its estimate.
 CLOSE_VENDOR_ATTEMPTS = 6  # with CLOSE_RETRY's backoff: about half a minute of trying
@@ -125,9 +126,21 @@ class StageActivities:
     async def run(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Write the dispatch's INTENT (where the workflow left it to the executor), then run (or resume) the
         attempt; returns the operation's rows (or, for an INTENT the workflow wrote, its resolution)."""
-        return await recorded(self.recorder, inp, lambda: self._run(inp))
+        return await recorded(self.recorder, inp, lambda: self._run(inp), self._routing(inp))
+
+    def _routing(self, inp: StageInput) -> Routing | None:
+        """A vendor route's dispatch is routed (its breaker, its fallbacks); local work is not."""
+        table = self.adapters.table
+        if inp.executor not in table.routes or table.route(inp.executor).adapter == AdapterKind.LOCAL:
+            return None
+        return Routing(inp.executor, table.chain(inp.executor), inp.operation_key)
 
     async def _run(self, inp: StageInput) -> StoredEvent:
+        route = chosen_route() or inp.executor
+        if route != inp.executor:
+            # A fallback: its own adapter, its own name for the job, the request in its field names.
+            spec = self.adapters.table.route(route)
+            inp = inp.model_copy(update={"executor": route, "input": convert(inp.input, spec.convert)})
         op = self._operation(inp, inp.executor)
         attempt = _Attempt()
         try:
@@ -138,9 +151,15 @@ class StageActivities:
             # Heartbeat all along (verifying inputs, a long synchronous call, a download), not only while
             # polling: an attempt that stops heartbeating is given to another worker, and two attempts of one
             # operation at once is what a fence cannot fully undo.
-            async with heartbeating() as beat:
-                attempt.beat = beat
-                return await self._attempt(op, adapter, inp, state, attempt)
+            try:
+                async with heartbeating() as beat:
+                    attempt.beat = beat
+                    result = await self._attempt(op, adapter, inp, state, attempt)
+            except VendorUnavailable as e:
+                await self._observe(inp, _unavailable(e))
+                raise
+            await self._observe(inp, _told(result))
+            return result
         except AlreadyResolved:
             # The operation was resolved while this attempt worked (the task's end closed it, or another
             # attempt did): nothing was sent by this attempt after that; the recorded result stands.
@@ -154,6 +173,23 @@ class StageActivities:
             cross(await self._pause(inp.executor, e))
         except Exception as e:
             cross(e)
+
+    async def _observe(self, inp: StageInput, what: Observation | None) -> None:
+        """Tell the route's shared breaker what this call showed (never fails the attempt: the breaker is
+        advice for the next dispatches, the operation's own record is already written)."""
+        spec = self.adapters.table.routes.get(inp.executor)
+        if what is None or spec is None or spec.adapter == AdapterKind.LOCAL:
+            return
+        policy = spec.breaker.policy()
+        try:
+            change = await asyncio.to_thread(
+                self.recorder.observe, inp.executor, what, inp.operation_key, policy
+            )
+        except Exception as e:  # advice only: logged, the attempt's result stands
+            activity.logger.warning("route %s: observation %s not recorded: %s", inp.executor, what.value, e)
+            return
+        if change is not None:
+            activity.logger.warning("route %s: breaker %s after %s", inp.executor, change, what.value)
 
     async def _pause(self, route: str, error: VendorError) -> RoutePaused:
         """A credentials (or address) error: the route pauses for every worker and task, a person is paged."""
@@ -588,13 +624,15 @@ class StageActivities:
         charge that may have happened.
         """
         op = self._operation(inp, None)
+        # The route its INTENT chose (a fallback's operation is closed at the fallback).
+        route = await asyncio.to_thread(self._route_of, inp.operation_key) or inp.executor
         stage = StageInput(
             task_id=inp.task_id,
             node=inp.node,
             operation_key=inp.operation_key,
             attempt=0,
             epoch=0,
-            executor=inp.executor,
+            executor=route,
             estimate=inp.estimate,
             output=inp.output,
             input_hash=inp.input_hash,
@@ -606,7 +644,7 @@ class StageActivities:
                 raise
             except Exception as e:
                 if isinstance(e, VendorAuthError):
-                    await self._pause(inp.executor, e)
+                    await self._pause(route, e)
                 elif activity.info().attempt < CLOSE_VENDOR_ATTEMPTS:
                     raise
                 # The vendor cannot answer (its key is refused, or it stayed unreachable, or its answers make
@@ -615,6 +653,14 @@ class StageActivities:
                 return await op.unknown(f"the vendor could not answer while closing {op.key}: {e}")
         except Exception as e:
             cross(e)
+
+    def _route_of(self, operation_key: str) -> str | None:
+        """The route an operation's INTENT recorded (None: not routed, or the workflow wrote it)."""
+        for e in self.recorder.events_by_operation_key(operation_key):
+            if e.type == "Intent":
+                route = e.payload.get("route")
+                return route if isinstance(route, str) and route in self.adapters.table.routes else None
+        return None
 
     @activity.defn(name="operation.sweep")
     async def sweep(self, inp: SweepInput) -> int:
@@ -650,7 +696,7 @@ class StageActivities:
             return 0
         assert result is not None
         state = operation_state(op_events, result.recorded_at)  # as it stood when it was voided
-        executor = intent.payload["action"]["executor"]
+        executor = intent.payload.get("route") or intent.payload["action"]["executor"]
         try:
             adapter = traced(self.adapters.get(executor))
         except Exception:
@@ -705,3 +751,22 @@ async def _cancel(adapter: VendorAdapter, job_id: str) -> VendorJob:
 def _media_of(artifact: dict[str, Any]) -> Media | None:
     media = artifact.get("media")
     return Media.model_validate(media) if isinstance(media, dict) else None
+
+
+def _told(result: StoredEvent) -> Observation | None:
+    """What an attempt's result says of its route: an output arrived, or the job failed technically (a
+    refused request, an unknown outcome or a lost input says nothing about the route's health)."""
+    if result.type == "Outcome":
+        return Observation.OK
+    if result.type == "Failure" and result.payload.get("kind") in (
+        FailureKind.TECHNICAL,
+        FailureKind.STALLED,
+    ):
+        return Observation.ERROR
+    return None
+
+
+def _unavailable(error: VendorUnavailable) -> Observation:
+    return (
+        Observation.TIMEOUT if "timed out" in str(error) or "no answer" in str(error) else Observation.ERROR
+    )

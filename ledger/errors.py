@@ -163,3 +163,20 @@ def _money(amount: Decimal) -> str:
     except InvalidOperation:  # beyond the context's precision: show it as it is
         return str(amount)
     return str(cents) if cents == amount else f"{amount.normalize():f}"
+
+
+class RouteWaiting(Exception):
+    """No route can take this dispatch now (the primary's breaker is open and no qualified fallback serves,
+    or a fallback's canary has not passed yet): nothing was written; ask again after ``retry_s``. Not a
+    LedgerError: it is retried, never a stop."""
+
+    def __init__(self, executor: str, reason: str, retry_s: float) -> None:
+        super().__init__(f"{executor}: no route serves now ({reason[:300]})")
+        self.executor, self.reason, self.retry_s = executor, reason, retry_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.executor, self.reason, self.retry_s))
+
+
+class RouteContended(RouteWaiting):
+    """Another dispatch changed the route's row between this one's read and its claim: ask again at once."""

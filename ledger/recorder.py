@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
@@ -51,6 +51,8 @@ from ledger.errors import (
     InvalidAmount,
     LedgerError,
     LedgerUnavailable,
+    RouteContended,
+    RouteWaiting,
     StaleEpoch,
     TaskNotFound,
 )
@@ -61,12 +63,27 @@ from ledger.schema import (
     budget_accounts,
     create_schema,
     events,
+    route_breakers,
+    route_changes,
     route_events,
+    route_observations,
     task_leases,
 )
 from rules.approvers import KeyRecord, registry
 from rules.envelope import NewEvent, StoredEvent
 from rules.money import MONEY_SCALE, parse_amount
+from rules.routing import (
+    FAILURES,
+    BreakerPolicy,
+    BreakerState,
+    Candidate,
+    Health,
+    Observation,
+    Window,
+    choose,
+    claimed,
+    observed,
+)
 
 _EVENT_COLUMNS: Final = (
     events.c.task_id,
@@ -216,6 +233,46 @@ _RESERVE_FENCED_SCOPES: Final = (
     .values(next_seq=task_leases.c.next_seq + bindparam("b_count", type_=BigInteger))
     .returning(task_leases.c.next_seq, task_leases.c.budget_scopes)
 )
+# A routed dispatch's INTENT (rules.routing) reads every route of its executor in the same statement that
+# fences it: the rows as JSON, and the database's clock the choice is made at.
+_rb = route_breakers.alias("rb")
+_BREAKERS_OF: Final = (
+    select(func.coalesce(func.json_agg(func.row_to_json(_rb.table_valued())), text("'[]'::json")))
+    .where(_rb.c.route == any_(bindparam("b_routes", type_=ARRAY(Text))))
+    .scalar_subquery()
+)
+_RESERVE_FENCED_ROUTED: Final = _RESERVE_FENCED.returning(_BREAKERS_OF, func.clock_timestamp())
+_RESERVE_FENCED_SCOPES_ROUTED: Final = _RESERVE_FENCED_SCOPES.returning(_BREAKERS_OF, func.clock_timestamp())
+_BREAKER_ROW: Final = (
+    select(func.row_to_json(_rb.table_valued())).where(_rb.c.route == bindparam("b_route")).scalar_subquery()
+)
+# An observation, and in the same statement the route's row and the clock (most need nothing more).
+_OBSERVE: Final = (
+    route_observations.insert()
+    .values(route=bindparam("b_route"), kind=bindparam("b_kind"), operation_key=bindparam("b_key"))
+    .returning(_BREAKER_ROW, func.clock_timestamp())
+)
+_WINDOW: Final = text(
+    "SELECT"
+    " count(*) FILTER (WHERE kind IN ('ok', 'error', 'timeout', 'anomaly') AND recorded_at > :now - :calls),"
+    " count(*) FILTER (WHERE kind IN ('error', 'timeout', 'anomaly') AND recorded_at > :now - :calls),"
+    " count(*) FILTER (WHERE kind IN ('review_pass', 'review_fail')),"
+    " count(*) FILTER (WHERE kind = 'review_pass')"
+    " FROM route_observations WHERE route = :route AND recorded_at > :now - :widest"
+)
+_HEALTH_COLUMNS: Final = (
+    "state",
+    "since",
+    "opened_at",
+    "reason",
+    "probe_key",
+    "canary_key",
+    "canary_outage",
+    "canary_passed",
+    "qualified_at",
+    "version",
+)
+
 _RESERVE_ONE_SCOPES: Final = (
     update(task_leases)
     .where(task_leases.c.task_id == bindparam("b_task_id"))
@@ -415,8 +472,14 @@ class Recorder:
         *,
         reserve: Decimal = Decimal(0),
         unless: str | None = None,
+        routing: Routing | None = None,
     ) -> list[StoredEvent]:
         """Append ``events`` atomically with consecutive seqs, if ``epoch`` is still the task's current one.
+
+        With ``routing`` (one event: a dispatch's INTENT) the fencing statement also reads the executor's
+        routes, ``rules.routing.choose`` picks one, a probe's or canary's claim is made on its row, and the
+        INTENT is written with the choice and the rows it was made on (``route``, ``route_claim``,
+        ``route_basis``). RouteWaiting if no route serves now (nothing written).
 
         An empty ``events`` still checks the fence. With ``reserve > 0`` the same transaction also reserves
         that amount on every budget scope of the task, if it fits all of them (``ceiling IS NULL OR
@@ -444,10 +507,13 @@ class Recorder:
         with _translated():
             try:
                 with self._engine.begin() as conn:
-                    fence = conn.execute(
-                        _RESERVE_FENCED_SCOPES if amount else _RESERVE_FENCED,
-                        {"b_task_id": task_id, "b_epoch": epoch, "b_count": count},
-                    ).first()
+                    params: dict[str, Any] = {"b_task_id": task_id, "b_epoch": epoch, "b_count": count}
+                    if routing is None:
+                        stmt = _RESERVE_FENCED_SCOPES if amount else _RESERVE_FENCED
+                    else:
+                        stmt = _RESERVE_FENCED_SCOPES_ROUTED if amount else _RESERVE_FENCED_ROUTED
+                        params["b_routes"] = [c.route for c in routing.chain]
+                    fence = conn.execute(stmt, params).first()
                     if fence is None:
                         # Error path only: tell a missing task from a stale epoch.
                         actual = conn.execute(_CURRENT_EPOCH, {"b_task_id": task_id}).scalar_one_or_none()
@@ -456,6 +522,8 @@ class Recorder:
                         raise StaleEpoch(task_id, epoch, actual)
                     if unless is not None and conn.execute(_BY_DEDUP_KEY, {"b_dedup_key": unless}).first():
                         raise AlreadyResolved(unless)  # the transaction rolls back: nothing is written
+                    if routing is not None:
+                        events = [_routed(conn, routing, events[0], fence[-2], fence[-1])]
                     first = fence[0] - count
                     rows = (
                         conn.execute(
@@ -698,6 +766,75 @@ class Recorder:
             rows = conn.execute(_ROUTE_STATES).all()
         return {r[0]: RouteState(r[0], r[1] == "paused", r[2], r[3], r[4]) for r in rows}
 
+    # --- shared route health (rules.routing) --------------------------------------------------------------
+
+    def observe(self, route: str, what: Observation, key: str | None, policy: BreakerPolicy) -> str | None:
+        """Record what a call to ``route`` (or a first review of its output) told, and move its breaker if
+        that calls for it (a failure rate reached, a probe's or canary's result); returns the change logged
+        (``opened``, ``closed``, ``canary_passed`` …) or None. Most observations are one statement."""
+        with _translated(), self._engine.begin() as conn:
+            row, now = conn.execute(_OBSERVE, {"b_route": route, "b_kind": what.value, "b_key": key}).one()
+            h = _health(route, row)
+            counted = what in FAILURES or what == Observation.REVIEW_FAIL
+            if not (counted or (key is not None and key in (h.probe_key, h.canary_key))):
+                return None
+            for _ in range(3):
+                window = Window()
+                if counted and h.state == BreakerState.CLOSED:
+                    widest = max(policy.window_s, policy.quality_window_s)
+                    calls, failures, reviews, passed = conn.execute(
+                        _WINDOW,
+                        {
+                            "route": route,
+                            "now": now,
+                            "calls": timedelta(seconds=policy.window_s),
+                            "widest": timedelta(seconds=widest),
+                        },
+                    ).one()
+                    window = Window(calls, failures, reviews, passed)
+                new, change = observed(h, what, key or "", window, policy, now)
+                if change is None:
+                    return None
+                if _swap(conn, h, new):
+                    _log_change(conn, route, change, new.reason if change != "canary_passed" else "", key)
+                    return change
+                h = _health(route, conn.execute(select(_BREAKER_ROW.label("r")), {"b_route": route}).scalar())
+        return None
+
+    def record_qualification(
+        self, route: str, passed: bool, reason: str, detail: dict[str, Any], actor: str
+    ) -> Health:
+        """A regression run's result: a pass qualifies the route as a fallback from now (until it is older
+        than its ``max_age``), a failure withdraws any qualification. Logged with its scores."""
+        with _translated(), self._engine.begin() as conn:
+            conn.execute(pg_insert(route_breakers).values(route=route).on_conflict_do_nothing())
+            conn.execute(
+                update(route_breakers)
+                .where(route_breakers.c.route == route)
+                .values(
+                    qualified_at=func.clock_timestamp() if passed else None,
+                    version=route_breakers.c.version + 1,
+                )
+            )
+            kind = "qualified" if passed else "disqualified"
+            _log_change(conn, route, kind, reason, None, {**detail, "actor": actor[:200]})
+            row = conn.execute(select(_BREAKER_ROW.label("r")), {"b_route": route}).scalar()
+        return _health(route, row)
+
+    def route_health(self) -> dict[str, Health]:
+        """Every route's shared row (routes without one are closed and unqualified)."""
+        with _translated(), self._reader.connect() as conn:
+            rows = conn.execute(select(route_breakers)).mappings().all()
+        return {r["route"]: _health(r["route"], dict(r)) for r in rows}
+
+    def route_changes(self, route: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest ``limit`` changes (of one route, or all), newest first."""
+        q = select(route_changes).order_by(route_changes.c.id.desc()).limit(limit)
+        if route is not None:
+            q = q.where(route_changes.c.route == route)
+        with _translated(), self._reader.connect() as conn:
+            return [dict(r) for r in conn.execute(q).mappings().all()]
+
     # --- the approver key registry (rules.approvers) -------------------------------------------------------
 
     def add_key(self, key: KeyRecord, *, actor: str, reason: str = "") -> None:
@@ -895,3 +1032,93 @@ def _describe(error: sa_exc.SQLAlchemyError) -> str:
     cause = getattr(error, "orig", None) or error
     lines = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What a routed dispatch's INTENT asks of ``append_fenced``: the executor, its routes (primary first),
+    and the operation's key (a probe's or canary's claim names it)."""
+
+    executor: str
+    chain: tuple[Candidate, ...]
+    key: str
+
+
+def _health(route: str, row: Any) -> Health:
+    """A ``route_breakers`` row (JSON from row_to_json, or a mapping) as rules.routing reads it."""
+    if not row:
+        return Health(route)
+    return Health.from_basis(route, {k: row.get(k) for k in _HEALTH_COLUMNS})
+
+
+def _routed(conn: Connection, routing: Routing, intent: NewEvent, rows: Any, now: datetime) -> NewEvent:
+    """The INTENT with its route chosen (and claimed) on the rows read by the fence, in its transaction."""
+    healths = {r["route"]: _health(r["route"], r) for r in rows or []}
+    choice = choose(routing.chain, healths, now, routing.key)
+    if choice.route is None:
+        raise RouteWaiting(routing.executor, choice.reason, choice.retry_s)
+    if choice.claim is not None:
+        primary = healths.get(routing.chain[0].route)
+        before = healths.get(choice.route) or Health(choice.route)
+        outage = primary.opened_at if primary is not None else None
+        after = claimed(before, choice, routing.key, now, outage)
+        if not _swap(conn, before, after):
+            raise RouteContended(routing.executor, f"{choice.route} changed meanwhile", 0.1)
+        if choice.claim == "probe":
+            kind, reason = "half_opened", f"probe {routing.key} after {before.reason}"
+        else:
+            kind = "switched" if before.canary_outage != outage else "canary_claimed"
+            reason = f"{routing.chain[0].route} → {choice.route}: {choice.reason}"
+        _log_change(conn, choice.route, kind, reason, routing.key, {"executor": routing.executor})
+    basis = {c.route: (healths.get(c.route) or Health(c.route)).as_basis() for c in routing.chain}
+    payload = {
+        **intent.payload,
+        "route": choice.route,
+        "route_claim": choice.claim,
+        "route_reason": choice.reason,
+        "route_basis": basis,
+        "route_chain": [[c.route, c.open_for_s, c.max_age_s] for c in routing.chain],
+        "route_at": now.isoformat(),
+    }
+    return intent.model_copy(update={"payload": payload})
+
+
+def _swap(conn: Connection, before: Health, after: Health) -> bool:
+    """Write ``after`` over the route's row if it is still ``before`` (its version); False if it moved."""
+    values = {k: v for k, v in after.as_basis().items() if k != "version"}
+    values = {
+        **values,
+        **{k: getattr(after, k) for k in ("since", "opened_at", "canary_outage", "qualified_at")},
+        "state": after.state.value,
+        "version": after.version,
+    }
+    if before.version == 0:
+        inserted = conn.execute(
+            pg_insert(route_breakers)
+            .values(route=after.route, **values)
+            .on_conflict_do_nothing()
+            .returning(route_breakers.c.route)
+        ).first()
+        if inserted is not None:
+            return True
+    done = conn.execute(
+        update(route_breakers)
+        .where(route_breakers.c.route == after.route, route_breakers.c.version == before.version)
+        .values(**values)
+    )
+    return done.rowcount == 1
+
+
+def _log_change(
+    conn: Connection,
+    route: str,
+    kind: str,
+    reason: str,
+    key: str | None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    conn.execute(
+        route_changes.insert().values(
+            route=route, kind=kind, reason=reason[:1000], operation_key=key, detail=detail
+        )
+    )

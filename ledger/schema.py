@@ -22,6 +22,7 @@ from typing import Final
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Engine,
@@ -114,6 +115,55 @@ route_events: Final = Table(
     Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
     CheckConstraint("kind IN ('paused', 'resumed')", name="ck_route_events_kind"),
     Index("ix_route_events_route", "route", "id"),
+)
+
+# Every route's shared circuit breaker and fallback state (rules.routing.Health), one mutable row per route:
+# read in the same statement that fences and reserves a dispatch's INTENT (and recorded in it), changed only
+# by optimistic UPDATEs (``version``) — the breaker's transitions, a probe's or a canary's claim, a
+# qualification. Every change is also logged, append-only, in ``route_changes``.
+route_breakers: Final = Table(
+    "route_breakers",
+    metadata,
+    Column("route", Text, primary_key=True),
+    Column("state", Text, nullable=False, server_default=text("'closed'")),
+    Column("since", TIMESTAMP(timezone=True), nullable=True),
+    Column("opened_at", TIMESTAMP(timezone=True), nullable=True),
+    Column("reason", Text, nullable=False, server_default=text("''")),
+    Column("probe_key", Text, nullable=True),
+    Column("canary_key", Text, nullable=True),
+    Column("canary_outage", TIMESTAMP(timezone=True), nullable=True),
+    Column("canary_passed", Boolean, nullable=False, server_default=text("false")),
+    Column("qualified_at", TIMESTAMP(timezone=True), nullable=True),
+    Column("version", BigInteger, nullable=False, server_default=text("0")),
+    CheckConstraint("state IN ('closed', 'open', 'half_open')", name="ck_route_breakers_state"),
+)
+
+# What each call to a route, and each first review of its outputs, told (rules.routing.Observation): the
+# breaker's windows are counted from here when a failure arrives. Insert-only (no row lock is shared).
+route_observations: Final = Table(
+    "route_observations",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("route", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("operation_key", Text, nullable=True),
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Index("ix_route_observations_route", "route", "recorded_at"),
+)
+
+# The route's story, append-only: breaker opened / half-open / closed, a switch to a fallback, a canary's
+# result, a qualification run with its scores — each with its reason.
+route_changes: Final = Table(
+    "route_changes",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("route", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("reason", Text, nullable=False, server_default=text("''")),
+    Column("operation_key", Text, nullable=True),
+    Column("detail", JSONB, nullable=True),
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Index("ix_route_changes_route", "route", "id"),
 )
 
 # The approver key registry (rules.approvers), append-only: ``add`` registers a public key with what it may

@@ -119,6 +119,17 @@ class Intent(_Event):
     # decides node i on fold(<= watermark) and the i-1 dispatches before it (rules.recompute).
     pending: tuple[str, ...] = ()
     rules: int = 1  # the rule table's version that decided it (rules.table.RULES_VERSION; older INTENTs: 1)
+    # A dispatch on an executor with routes to choose from: the route its executor chose when it wrote this
+    # INTENT, the claim it made (a half-open probe, a fallback's canary), why, and every route's shared row
+    # as that same statement read it, at the database time ``route_at`` (rules.routing.choose recomputes it).
+    route: str | None = None
+    route_claim: str | None = None
+    route_reason: str = ""
+    route_basis: dict[str, dict[str, Any]] | None = None
+    route_chain: tuple[
+        tuple[str, float, float | None], ...
+    ] = ()  # (route, open_for_s, max_age_s), primary first
+    route_at: datetime | None = None
 
 
 class Decision(_Event):

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rules.money import Amount
 from rules.plan import Routes, Seconds
+from rules.routing import BreakerPolicy, Candidate
 
 LOCAL_EXECUTORS: Final = frozenset({"code.validate", "media.assemble"})
 DEFAULT_EXECUTORS: Final = frozenset(
@@ -109,8 +110,31 @@ class Timeouts(_Strict):
     download: Seconds = 300.0  # a whole result download
 
 
+class Breaker(_Strict):
+    """When the route's shared circuit breaker opens, and for how long (rules.routing.BreakerPolicy)."""
+
+    window: Seconds = 60.0  # calls counted for the error rate
+    min_calls: int = Field(default=4, ge=1)  # fewer calls in the window never trip it
+    error_rate: float = Field(default=0.5, gt=0, le=1)  # failures / calls at or above this trips it
+    open_for: Seconds = 30.0  # rest before the half-open probe
+    quality_window: Seconds = 3600.0  # first-pass reviews counted for the pass rate
+    quality_min_reviews: int = Field(default=4, ge=1)
+    quality_pass_rate: float = Field(default=0.5, ge=0, le=1)  # a first-pass rate below this trips it
+
+    def policy(self) -> BreakerPolicy:
+        return BreakerPolicy(
+            window_s=self.window,
+            min_calls=self.min_calls,
+            error_rate=self.error_rate,
+            open_for_s=self.open_for,
+            quality_window_s=self.quality_window,
+            quality_min_reviews=self.quality_min_reviews,
+            quality_pass_rate=self.quality_pass_rate,
+        )
+
+
 class RouteSpec(_Strict):
-    """One executor's route."""
+    """One executor's route (or a fallback route another route lists)."""
 
     adapter: AdapterKind = AdapterKind.JOBS
     base_url: str | None = None  # None: LEDGERFLOW_VENDOR_URL (the embedded simulator)
@@ -123,6 +147,14 @@ class RouteSpec(_Strict):
     timeouts: Timeouts = Timeouts()
     allow_hosts: tuple[str, ...] = ()
     model: str | None = Field(default=None, max_length=200)  # a predictions version or an OpenAI model
+    breaker: Breaker = Breaker()
+    # Fallbacks, in order: other routes of this table that may serve this executor while its breaker is open.
+    fallbacks: tuple[str, ...] = ()
+    # As a fallback: the request fields it names differently ({ours: theirs}), its regression set (a file,
+    # relative to the route file) and how long a passed regression run qualifies it.
+    convert: dict[str, str] = Field(default_factory=dict)
+    regression: str | None = None
+    qualification_max_age: Seconds = 7 * 86400.0
 
     @field_validator("base_url")
     @classmethod
@@ -144,9 +176,31 @@ class RouteTable(_Strict):
         except KeyError:
             raise RouteError(f"executor {executor!r} has no route") from None
 
+    @model_validator(mode="after")
+    def _fallbacks_exist(self) -> RouteTable:
+        for name, spec in self.routes.items():
+            for fb in spec.fallbacks:
+                if fb == name or fb not in self.routes:
+                    raise ValueError(f"route {name!r}: fallback {fb!r} is not another route of this table")
+                if self.routes[fb].regression is None:
+                    raise ValueError(f"route {fb!r}: a fallback needs a regression set (regression: FILE)")
+        return self
+
     def names(self) -> Routes:
         """What plan validation checks a plan against."""
         return Routes(executors=frozenset(self.routes), reviewers=self.reviewers)
+
+    def chain(self, executor: str) -> tuple[Candidate, ...]:
+        """The routes that may serve ``executor``, primary first (rules.routing.choose)."""
+        spec = self.route(executor)
+        primary = Candidate(executor, spec.breaker.open_for)
+        return (
+            primary,
+            *(
+                Candidate(fb, self.routes[fb].breaker.open_for, self.routes[fb].qualification_max_age)
+                for fb in spec.fallbacks
+            ),
+        )
 
 
 def default_table(mode: VendorMode = VendorMode.IDEMPOTENT) -> RouteTable:

@@ -127,7 +127,16 @@ DROP INDEX ix_events_outcome_input_hash;
 ALTER TABLE task_leases DROP COLUMN budget_scopes;
 """
 
-LEDGER_TABLES = {"task_leases", "events", "budget_accounts", "route_events", "approver_keys"}
+LEDGER_TABLES = {
+    "task_leases",
+    "events",
+    "budget_accounts",
+    "route_events",
+    "approver_keys",
+    "route_breakers",
+    "route_observations",
+    "route_changes",
+}
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column
 # dropped and added again leaves a gap in attnum, not in the table's shape).
@@ -226,7 +235,12 @@ def test_upgrade_creates_every_table_and_the_append_only_triggers_on_an_empty_da
     rec, task, stored = record_something(url)
     try:
         assert rec.read_events(task) == stored
-        for statement in ("UPDATE events SET type = 'x'", "DELETE FROM events", "DELETE FROM task_leases"):
+        for statement in (
+            "UPDATE events SET type = 'x'",
+            "DELETE FROM events",
+            "DELETE FROM task_leases",
+            "DELETE FROM route_changes",
+        ):
             with pytest.raises(sa.exc.DBAPIError, match="append-only"):
                 execute(url, statement)
         assert rec.read_events(task) == stored
@@ -338,7 +352,9 @@ def test_the_baseline_is_exactly_the_schema_of_the_last_release_before_migration
     new_db: Callable[[], str],
 ) -> None:
     fresh = new_db()
-    migrate.upgrade(fresh)
+    from alembic import command
+
+    command.upgrade(migrate.config(fresh), "0001")  # the baseline alone (later revisions add to it)
     old = legacy_db(new_db)
 
     assert catalog(fresh, without=frozenset({"alembic_version"})) == catalog(old)
@@ -404,13 +420,13 @@ def test_check_refuses_a_database_behind_this_ledgerflow(
 ) -> None:
     url = new_db()
     migrate.upgrade(url)
-    monkeypatch.setattr(migrate, "HEAD", "0002")  # this ledgerflow as the next release would build it
+    monkeypatch.setattr(migrate, "HEAD", "9999")  # this ledgerflow as a later release would build it
 
     with pytest.raises(SchemaMismatch) as refused:
         migrate.check(url)
 
     assert str(refused.value) == (
-        f"the ledger database is at revision {HEAD}, this ledgerflow needs 0002: run `ledgerflow db upgrade`"
+        f"the ledger database is at revision {HEAD}, this ledgerflow needs 9999: run `ledgerflow db upgrade`"
     )
 
 
