@@ -62,6 +62,7 @@ from rules.keys import (
     submitting_key,
 )
 from rules.money import VendorAmount
+from rules.routing import Health
 from runtime import logs, telemetry
 from runtime.faults import mark
 
@@ -93,6 +94,7 @@ class Operation:
         self.task_id, self.node, self.key = task_id, node, key
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
+        self.breaker: Health | None = None  # the route's shared row, as ``open`` read it
         bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
@@ -107,6 +109,7 @@ class Operation:
         if view.epoch is None or view.now is None:
             raise LedgerError(f"task {self.task_id!r} has no lease: {self.key} cannot run")
         state = operation_state(view.events, view.now)
+        self.breaker = view.breaker
         activity.logger.info("opened: %s", _described(state))
         if state.result is not None:
             return state

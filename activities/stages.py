@@ -44,7 +44,7 @@ from rules.inputs import refs
 from rules.keys import is_result_key
 from rules.money import vendor_amount
 from rules.projection import fold
-from rules.routing import Observation, convert
+from rules.routing import BreakerState, Observation, convert
 from runtime.faults import mark
 from runtime.telemetry import traced
 from vendors.adapter import Capabilities, JobStatus, VendorAdapter, VendorJob, job_amount
@@ -148,6 +148,10 @@ class StageActivities:
             state = await op.open()
             if state.result is not None:
                 return state.result  # a retry after the result was written: nothing left to do
+            if (moved := _not_serving(op, state)) is not None:
+                # Its route stopped serving before anything of it was accepted: give the node back to the
+                # loop, free (a void), and its next dispatch is routed afresh — to a fallback, or it waits.
+                return await op.void(moved)
             # Heartbeat all along (verifying inputs, a long synchronous call, a download), not only while
             # polling: an attempt that stops heartbeating is given to another worker, and two attempts of one
             # operation at once is what a fence cannot fully undo.
@@ -770,3 +774,17 @@ def _unavailable(error: VendorUnavailable) -> Observation:
     return (
         Observation.TIMEOUT if "timed out" in str(error) or "no answer" in str(error) else Observation.ERROR
     )
+
+
+def _not_serving(op: Operation, state: OperationState) -> str | None:
+    """Why this operation must not go on at its route (None: it may): the route's breaker is open (or
+    half-open with another operation as its probe) and nothing of this operation may have been accepted —
+    no job, no send that was not refused. An operation that may have been accepted stays, and reconciles
+    at its route once the route answers again."""
+    h = op.breaker
+    if h is None or state.job_id is not None or state.maybe_sent:
+        return None
+    if h.state == BreakerState.OPEN or (h.state == BreakerState.HALF_OPEN and h.probe_key != op.key):
+        why = f"{h.state.value}: {h.reason}"
+        return f"route {op.route} stopped serving ({why}); nothing was sent, the node goes again"
+    return None

@@ -246,6 +246,10 @@ _RESERVE_FENCED_SCOPES_ROUTED: Final = _RESERVE_FENCED_SCOPES.returning(_BREAKER
 _BREAKER_ROW: Final = (
     select(func.row_to_json(_rb.table_valued())).where(_rb.c.route == bindparam("b_route")).scalar_subquery()
 )
+# An executor's open (operation_view) on a routed operation: the epoch, the clock and the route's row at once.
+_EPOCH_NOW_BREAKER: Final = select(task_leases.c.epoch, func.clock_timestamp(), _BREAKER_ROW).where(
+    task_leases.c.task_id == bindparam("b_task_id")
+)
 # An observation, and in the same statement the route's row and the clock (most need nothing more).
 _OBSERVE: Final = (
     route_observations.insert()
@@ -402,6 +406,7 @@ class OperationView:
     now: datetime | None
     events: list[StoredEvent]
     paused: str | None = None
+    breaker: Health | None = None  # the route's shared row, if it has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -730,14 +735,20 @@ class Recorder:
 
     def operation_view(self, task_id: str, operation_key: str, route: str | None = None) -> OperationView:
         """What an executor reads before it acts, on one connection: the task's current epoch, the database's
-        clock, every event of the operation, and whether the route it is about to call is paused."""
+        clock, every event of the operation, whether the route it is about to call is paused, and the route's
+        shared breaker row (one statement with the epoch)."""
         with _translated(), self._reader.connect() as conn:
-            head = conn.execute(_EPOCH_AND_NOW, {"b_task_id": task_id}).first()
+            head: Any = (
+                conn.execute(_EPOCH_AND_NOW, {"b_task_id": task_id}).first()
+                if route is None
+                else conn.execute(_EPOCH_NOW_BREAKER, {"b_task_id": task_id, "b_route": route}).first()
+            )
             rows = conn.execute(_BY_OPERATION_KEY, {"b_operation_key": operation_key}).all()
             state = conn.execute(_ROUTE_STATE, {"b_route": route}).first() if route is not None else None
         epoch, now = (head[0], head[1]) if head is not None else (None, None)
         paused = state[1] or "paused" if state is not None and state[0] == "paused" else None
-        return OperationView(epoch, now, [_stored(r) for r in rows if r.task_id == task_id], paused)
+        breaker = _health(route, head[2]) if route is not None and head is not None and head[2] else None
+        return OperationView(epoch, now, [_stored(r) for r in rows if r.task_id == task_id], paused, breaker)
 
     # --- routes ------------------------------------------------------------------------------------------
 

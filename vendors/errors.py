@@ -32,6 +32,14 @@ class VendorUnavailable(VendorError):
     """
 
 
+class VendorOverloaded(VendorUnavailable):
+    """A 503 (or 529) answer: the vendor says it is down or overloaded and did not take the request (the
+    route's ``refused_statuses``; a route whose gateway answers 503 after accepting lists none). Nothing was
+    accepted: the request may go elsewhere."""
+
+    refused = True
+
+
 class VendorRateLimited(VendorError):
     """A 429 answer: nothing was accepted or charged; try again after ``retry_after`` seconds."""
 

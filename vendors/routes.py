@@ -148,6 +148,9 @@ class RouteSpec(_Strict):
     allow_hosts: tuple[str, ...] = ()
     model: str | None = Field(default=None, max_length=200)  # a predictions version or an OpenAI model
     breaker: Breaker = Breaker()
+    # 5xx answers this vendor gives only when it did NOT take the request (down, overloaded): refusals, so a
+    # request refused this way may go to a fallback. Any other 5xx leaves the outcome unknown.
+    refused_statuses: tuple[int, ...] = (503, 529)
     # Fallbacks, in order: other routes of this table that may serve this executor while its breaker is open.
     fallbacks: tuple[str, ...] = ()
     # As a fallback: the request fields it names differently ({ours: theirs}), its regression set (a file,

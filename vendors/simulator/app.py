@@ -152,6 +152,15 @@ def create_app(state: SimState) -> FastAPI:
         with state.lock:
             return {"conflicts": state.conflicts, "leaks": len(state.leaks), "dropped": state.dropped}
 
+    @app.get("/admin/jobs/{job_id}")
+    def job_request(job_id: str) -> dict[str, Any]:
+        """What a job was asked for, as the vendor received it (the harness checks an input conversion)."""
+        with state.lock:
+            job = state.jobs.get(job_id)
+            if job is None:
+                raise SimError(404, "not_found", f"no job {job_id}")
+            return job.request.model_dump(mode="json", exclude={"input_urls"})
+
     @app.get("/admin/config")
     def get_config() -> SimConfig:
         return state.config

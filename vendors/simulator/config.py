@@ -33,6 +33,9 @@ class ExecutorProfile(BaseModel):
     drop_response: Rate = 0.0
     rate_limit: Rate = 0.0
     server_error: Rate = 0.0
+    server_error_status: int = Field(
+        default=500, ge=500, le=599, description="the status a server error answers"
+    )
     hang: Rate = 0.0
     corrupt_result: Rate = Field(
         default=0.0, description="serve bytes that do not match the advertised sha256"
@@ -144,6 +147,7 @@ class Draw:
     broken_code: bool = False
     false_claim: bool = False
     truncated: bool = False
+    server_error_status: int = 500
 
     @classmethod
     def for_attempt(cls, seed: int, key: str, attempt: int, p: ExecutorProfile) -> Draw:
@@ -172,4 +176,5 @@ class Draw:
             broken_code=u[13] < p.broken_code,
             false_claim=u[14] < p.false_claim,
             truncated=u[15] < p.truncated,
+            server_error_status=p.server_error_status,
         )

@@ -200,7 +200,8 @@ def refuse(draw: Draw, *, request_timeout: bool = True) -> None:
     if request_timeout and draw.request_timeout:
         raise SimError(408, "request_timeout", "the request body arrived too slowly; nothing accepted")
     if draw.server_error:
-        raise SimError(500, "server_error", "internal error; nothing was accepted")
+        status = draw.server_error_status
+        raise SimError(status, "server_error", f"server error {status}; nothing was accepted")
 
 
 class SimState:

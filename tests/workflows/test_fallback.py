@@ -1,0 +1,119 @@
+"""A vendor outage or a quality collapse mid-task, end to end: the route's shared breaker opens, the
+dispatches switch to the qualified fallback — its canary first, the rest once the canary's output passed its
+check — and the money stays exact by the vendor's own billing. Real Temporal, real Postgres, the simulator.
+
+Every test runs its own routes (``mo-<id>`` and ``mo-<id>-b``), so one test's breaker never touches another's.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import httpx
+
+from ledger.recorder import Recorder
+from rules.events import vendor_spend
+from vendors.routes import Breaker, RouteSpec, RouteTable
+
+PLAN = """
+goal: {goal}
+budget_ceiling: 40
+rework_limit: 1
+concurrency: {concurrency}
+stages:
+  - {{id: shots, executor: {primary}, estimate: 0.40, fan_out: {width}, canary: false,
+      input: {{aspect: "16:9", format: json}}}}
+"""
+PASS = json.dumps({"scores": {"visual": 0.9}, "blame": {}, "reasons": []})
+
+
+def outage_routes(primary: str, backup: str, **breaker: Any) -> RouteTable:
+    rest = {"window": 60.0, "min_calls": 2, "error_rate": 0.5, "open_for": 600.0, **breaker}
+    return RouteTable(
+        routes={
+            primary: RouteSpec(breaker=Breaker(**rest), fallbacks=(backup,)),
+            backup: RouteSpec(regression="regressions/motion.yaml", convert={"aspect": "ratio"}),
+        }
+    )
+
+
+def names() -> tuple[str, str]:
+    u = uuid.uuid4().hex[:8]
+    return f"mo-{u}", f"mo-{u}-b"
+
+
+def intents(recorder: Recorder, task_id: str) -> list[Any]:
+    return [e for e in recorder.read_events(task_id) if e.type == "Intent" and e.payload.get("route")]
+
+
+async def check_money(sim: Any, recorder: Recorder, task_id: str) -> list[dict[str, Any]]:
+    """One charge per OperationKey, and the ledger's total equal to the vendor's."""
+    charges = await sim.charges(f"{task_id}:")
+    keys = [c["idempotency_key"] for c in charges]
+    assert len(keys) == len(set(keys)), "a key was charged twice"
+    assert vendor_spend(recorder.read_events(task_id)) == await sim.total(f"{task_id}:") > 0
+    return charges
+
+
+async def test_an_outage_opens_the_breaker_and_the_shots_move_to_the_fallback_canary_first(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    primary, backup = names()
+    await sim.configure(executors={primary: {"server_error": 1.0, "server_error_status": 503}})
+    recorder.record_qualification(backup, True, "regression passed", {"scores": [0.9]}, "test")
+    async with lf_with(routes=outage_routes(primary, backup)) as lf:
+        plan = lf.plan(PLAN.format(goal="outage", concurrency=2, primary=primary, width=6))
+        result = await lf.run(plan)
+
+    assert result.state == "Completed"
+    opened = [c for c in recorder.route_changes(primary) if c["kind"] == "opened"]
+    assert len(opened) == 1 and opened[0]["reason"] == "2 of 2 calls failed in 60s"
+    assert [c["kind"] for c in reversed(recorder.route_changes(backup))][1:] == ["switched", "canary_passed"]
+
+    routed = intents(recorder, plan.task_id)
+    on_primary = [i for i in routed if i.payload["route"] == primary]
+    on_backup = [i for i in routed if i.payload["route"] == backup]
+    assert len(on_primary) == 2  # the two in flight when it went down: refused (503), voided, sent again
+    assert len(on_backup) == 6 and on_backup[0].payload["route_claim"] == "canary"
+    canary_key = on_backup[0].operation_key
+    events = recorder.read_events(plan.task_id)
+    canary_done = next(e for e in events if e.type == "Outcome" and e.operation_key == canary_key)
+    assert all(i.recorded_at > canary_done.recorded_at for i in on_backup[1:])
+
+    charges = await check_money(sim, recorder, plan.task_id)
+    assert {c["executor"] for c in charges} == {backup}  # the 503s were refusals: nothing billed there
+    job = httpx.get(f"{sim.url}/admin/jobs/{charges[0]['job_id']}").json()
+    assert job["executor"] == backup and job["input"]["ratio"] == "16:9" and "aspect" not in job["input"]
+
+
+async def test_a_collapsing_first_pass_rate_opens_the_breaker_and_the_rework_runs_on_the_fallback(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    primary, backup = names()
+    blamed = json.dumps(
+        {
+            "scores": {"visual": 0.3},
+            "blame": {"visual": [f"shots/S0{i}" for i in range(1, 5)]},
+            "reasons": ["every shot is off-model"],
+        }
+    )
+    # The first outputs (version 1) are all blamed; the remade ones (version 2) pass.
+    await sim.configure(chat_default=blamed, chat_script=[{"match": '"shots/S01": 2', "content": PASS}])
+    recorder.record_qualification(backup, True, "regression passed", {"scores": [0.9]}, "test")
+    routes = outage_routes(primary, backup, quality_min_reviews=4, quality_pass_rate=0.5)
+    async with lf_with(routes=routes) as lf:
+        plan = lf.plan(PLAN.format(goal="quality", concurrency=4, primary=primary, width=4))
+        result = await lf.run(plan)
+
+    assert result.state == "Completed"
+    (opened,) = [c for c in recorder.route_changes(primary) if c["kind"] == "opened"]
+    assert opened["reason"].startswith("quality collapse: 0 of 4 outputs passed their first review")
+    routed = intents(recorder, plan.task_id)
+    assert [i.payload["route"] for i in routed] == [primary] * 4 + [backup] * 4
+    assert routed[4].payload["route_claim"] == "canary"
+    charges = await check_money(sim, recorder, plan.task_id)
+    assert sorted(c["executor"] for c in charges) == [primary] * 4 + [backup] * 4
+    assert sum(Decimal(c["amount"]) for c in charges) > 0
