@@ -757,9 +757,10 @@ def _media_of(artifact: dict[str, Any]) -> Media | None:
     return Media.model_validate(media) if isinstance(media, dict) else None
 
 
-def _told(result: StoredEvent) -> Observation | None:
-    """What an attempt's result says of its route: an output arrived, or the job failed technically (a
-    refused request, an unknown outcome or a lost input says nothing about the route's health)."""
+def _told(result: StoredEvent) -> Observation:
+    """What an attempt's result says of its route: an output arrived, or the job failed technically; any
+    other end (a refused request, an output outside its bounds, an unknown outcome, a void) says nothing of
+    the route's health, but still ends a probe or a canary unproven."""
     if result.type == "Outcome":
         return Observation.OK
     if result.type == "Failure" and result.payload.get("kind") in (
@@ -767,7 +768,7 @@ def _told(result: StoredEvent) -> Observation | None:
         FailureKind.STALLED,
     ):
         return Observation.ERROR
-    return None
+    return Observation.SETTLED
 
 
 def _unavailable(error: VendorUnavailable) -> Observation:

@@ -838,6 +838,16 @@ class Recorder:
             rows = conn.execute(select(route_breakers)).mappings().all()
         return {r["route"]: _health(r["route"], dict(r)) for r in rows}
 
+    def observations(self, route: str) -> dict[str, int]:
+        """How many observations of each kind ``route`` has had (for drills and reports)."""
+        q = (
+            select(route_observations.c.kind, func.count())
+            .where(route_observations.c.route == route)
+            .group_by(route_observations.c.kind)
+        )
+        with _translated(), self._reader.connect() as conn:
+            return {str(k): int(n) for k, n in conn.execute(q).all()}
+
     def route_changes(self, route: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """The newest ``limit`` changes (of one route, or all), newest first."""
         q = select(route_changes).order_by(route_changes.c.id.desc()).limit(limit)

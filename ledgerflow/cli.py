@@ -315,9 +315,35 @@ def drill(
     mode: Annotated[
         str, typer.Option("--mode", help="vendor mode: idempotent, lookup_only or none")
     ] = "idempotent",
+    scenario: Annotated[
+        str, typer.Option("--scenario", help="crash (worker kills) or vendor-outage (breaker and fallback)")
+    ] = "crash",
+    failure: Annotated[
+        str, typer.Option("--failure", help="vendor-outage: errors (503s, then timeouts) or quality")
+    ] = "errors",
+    episodes: Annotated[int, typer.Option("--episodes", min=1, max=20, help="vendor-outage: episodes")] = 4,
+    shots: Annotated[
+        int, typer.Option("--shots", min=2, max=50, help="vendor-outage: shots per episode")
+    ] = 8,
 ) -> None:
-    """A seeded random crash campaign on the embedded stack; exit 1 unless every invariant holds."""
+    """A seeded random crash campaign on the embedded stack (or, with --scenario vendor-outage, a vendor
+    going down mid-episode); exit 1 unless every invariant holds."""
     from ledgerflow.drill import run_drill
+
+    if scenario == "vendor-outage":
+        from ledgerflow.outage import run_outage_drill
+
+        if failure not in ("errors", "quality"):
+            raise lf.ClientError(f"--failure {failure[:40]!r} is not errors or quality")
+        outage = asyncio.run(
+            run_outage_drill(get_settings(), failure=failure, episodes=episodes, shots=shots)
+        )
+        out.print(outage.table())
+        if not outage.clean:
+            raise typer.Exit(1)
+        return
+    if scenario != "crash":
+        raise lf.ClientError(f"--scenario {scenario[:40]!r} is not crash or vendor-outage")
 
     if profile not in ("plain", "realistic"):
         raise lf.ClientError(f"--profile {profile[:40]!r} is not plain or realistic")
@@ -707,6 +733,7 @@ routes_app = typer.Typer(
     no_args_is_help=False, invoke_without_command=True, help="Vendor routes and their state."
 )
 app.add_typer(routes_app, name="routes")
+app.add_typer(routes_app, name="route", hidden=True)  # `ledgerflow route qualify ROUTE` reads naturally too
 
 
 @routes_app.callback()
@@ -742,6 +769,60 @@ def routes_resume(
     finally:
         rec.dispose()
     out.print(f"route {route} resumed" if resumed else f"route {route} was not paused")
+
+
+@routes_app.command("qualify")
+@friendly
+def routes_qualify(
+    route: str,
+    actor: Annotated[str, typer.Option("--as", help="who ran it (recorded)")] = "operator",
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Run a fallback route's regression set against it and record the result with its scores (exit 1 if
+    it did not pass: the route does not serve as a fallback until a run passes)."""
+    from ledgerflow.qualify import QualifyError, qualify
+    from vendors.routes import RouteError
+
+    try:
+        result = asyncio.run(qualify(get_settings(), route, actor=actor))
+    except (QualifyError, RouteError) as e:
+        raise ConfigError(str(e)) from None
+    if as_json:
+        cases = [c.as_json() for c in result.cases]
+        out.print_json(
+            json.dumps({"route": route, "passed": result.passed, "score": result.score, "cases": cases})
+        )
+    else:
+        for c in result.cases:
+            score = "—" if c.score is None else f"{c.score:.2f}"
+            problems = "; ".join(c.problems) or "ok"
+            out.print(f"  {c.id:<24} score {score:>5}  cost {c.cost}  {problems}", highlight=False)
+        verdict = "QUALIFIED" if result.passed else "NOT QUALIFIED"
+        out.print(f"{route}: {verdict} — {result.reason()}", highlight=False)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@routes_app.command("changes")
+@friendly
+def routes_changes(
+    route: Annotated[str | None, typer.Argument(help="one route (default: all)")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 30,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """The routes' history, newest first: breaker opened / half-open / closed, switches to a fallback,
+    canaries, qualifications — each with its reason."""
+    from ledgerflow.routes_view import changes_table
+
+    rec = lf.recorder(get_settings())
+    try:
+        rows = rec.route_changes(route, limit)
+    finally:
+        rec.dispose()
+    if as_json:
+        out.print_json(json.dumps(rows, default=str))
+    else:
+        out.print(changes_table(rows), soft_wrap=True, highlight=False)
 
 
 @routes_app.command("check")

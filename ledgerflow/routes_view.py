@@ -1,12 +1,15 @@
-"""``ledgerflow routes``: every route of the deployment, and whether a credentials error paused it."""
+"""``ledgerflow routes``: every route of the deployment, whether a credentials error paused it, its shared
+breaker (closed / open / half-open, and why), its fallbacks and whether each is qualified to serve."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rich.table import Table
 
 from ledgerflow import client as lf
+from rules.routing import BreakerState, Health
 from runtime.settings import Settings
 
 
@@ -15,11 +18,18 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
     rec = lf.recorder(settings)
     try:
         states = rec.route_states()
+        health = rec.route_health()
     finally:
         rec.dispose()
+    now = datetime.now(UTC)
     rows = []
     for name, route in sorted(table.routes.items()):
         state = states.get(name)
+        h = health.get(name) or Health(name)
+        fallback_of = sorted(n for n, r in table.routes.items() if name in r.fallbacks)
+        qualified_until = (
+            h.qualified_at + timedelta(seconds=route.qualification_max_age) if h.qualified_at else None
+        )
         rows.append(
             {
                 "route": name,
@@ -32,6 +42,13 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
                 "reason": state.reason if state and state.paused else None,
                 "since": state.at.isoformat() if state else None,
                 "by": state.actor if state else None,
+                "breaker": h.state.value,
+                "breaker_since": h.since.isoformat() if h.since else None,
+                "breaker_reason": h.reason or None,
+                "fallbacks": list(route.fallbacks),
+                "fallback_of": fallback_of,
+                "qualified": bool(qualified_until and qualified_until > now),
+                "qualified_at": h.qualified_at.isoformat() if h.qualified_at else None,
             }
         )
     return rows
@@ -39,9 +56,26 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
 
 def routes_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="routes", title_justify="left")
-    for col in ("route", "adapter", "mode", "base url", "state"):
+    for col in ("route", "adapter", "mode", "base url", "state", "breaker", "fallbacks"):
         table.add_column(col)
     for r in rows:
         state = f"[red]PAUSED[/red] since {r['since']}: {r['reason']}" if r["paused"] else "running"
-        table.add_row(r["route"], r["adapter"], r["mode"], r["base_url"], state)
+        breaker = r["breaker"]
+        if breaker != BreakerState.CLOSED.value:
+            breaker = f"[red]{breaker.upper()}[/red] since {r['breaker_since']}: {r['breaker_reason']}"
+        links = ", ".join(r["fallbacks"])
+        if r["fallback_of"]:
+            verdict = "qualified" if r["qualified"] else "[yellow]not qualified[/yellow]"
+            links = f"fallback of {', '.join(r['fallback_of'])} ({verdict})"
+        table.add_row(r["route"], r["adapter"], r["mode"], r["base_url"], state, breaker, links or "—")
+    return table
+
+
+def changes_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="route changes (newest first)", title_justify="left")
+    for col in ("at", "route", "change", "reason", "operation"):
+        table.add_column(col)
+    for r in rows:
+        at = r["recorded_at"].isoformat(timespec="seconds") if r.get("recorded_at") else ""
+        table.add_row(at, r["route"], r["kind"], r["reason"], r.get("operation_key") or "")
     return table

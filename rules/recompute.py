@@ -38,6 +38,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
+from rules import routing
 from rules.actions import Action, Dispatch, Escalate, SuspendForHuman
 from rules.envelope import StoredEvent
 from rules.events import Decision, Intent, MarkerKind, SystemMarker, parse, parse_as
@@ -111,13 +112,35 @@ def audit_decisions(events: Iterable[StoredEvent], *, incremental: bool = True) 
     for check in sorted(checks, key=lambda c: (c.watermark, len(c.pending), c.order)):
         p = views.at(check.watermark, check.pending)
         check.judge(p)
+    _, route_divergences = _route_choices(ordered)
     return Recomputation(
-        decisions=run.decisions,
+        decisions=run.decisions,  # route choices are checked alongside, not counted as rule decisions
         llm=run.llm,
-        divergences=tuple(sorted(run.divergences, key=lambda d: d.seq)),
+        divergences=tuple(sorted([*run.divergences, *route_divergences], key=lambda d: d.seq)),
         today=tuple(sorted(run.today, key=lambda d: d.seq)),
         notes=tuple(run.notes),
     )
+
+
+def _route_choices(ordered: Sequence[StoredEvent]) -> tuple[int, list[Divergence]]:
+    """Every routed INTENT's route and claim, recomputed from the rows and the time it recorded
+    (rules.routing): how many, and those that do not come out the same."""
+    n, out = 0, []
+    for e in ordered:
+        if e.type != "Intent" or not e.payload.get("route_chain"):
+            continue
+        n += 1
+        recorded = f"route {e.payload.get('route')} ({e.payload.get('route_claim') or 'no claim'})"
+        try:
+            again = routing.recompute(e.payload)
+        except (ValueError, KeyError, TypeError) as err:
+            out.append(Divergence(e.seq, recorded, f"nothing: its routing inputs do not read ({err})"))
+            continue
+        if again is None:
+            out.append(Divergence(e.seq, recorded, "nothing: its routing inputs are incomplete"))
+        elif (again.route, again.claim) != (e.payload.get("route"), e.payload.get("route_claim")):
+            out.append(Divergence(e.seq, recorded, f"route {again.route} ({again.claim or 'no claim'})"))
+    return n, out
 
 
 # ── what is on record ─────────────────────────────────────────────────────────────────────────────────

@@ -43,6 +43,9 @@ class Observation(StrEnum):
     ANOMALY = "anomaly"  # a cost figure the ledger could not take as billed
     REVIEW_PASS = "review_pass"  # the output was not flagged by its first review
     REVIEW_FAIL = "review_fail"  # the output was flagged by its first review
+    # An attempt that ended without an output for a reason that is not the route's health (a refused request,
+    # an output outside its bounds, a void): counted in no rate, but it ends a probe or a canary unproven.
+    SETTLED = "settled"
 
 
 FAILURES: Final = frozenset({Observation.ERROR, Observation.TIMEOUT, Observation.ANOMALY})
@@ -227,11 +230,12 @@ def observed(
 ) -> tuple[Health, str | None]:
     """The route's row after an observation, and the change to log (None: nothing changed)."""
     failed = what in FAILURES or what == Observation.REVIEW_FAIL
-    if h.state == BreakerState.HALF_OPEN and h.probe_key == key and what in CALLS:
+    ends = what in CALLS or what == Observation.SETTLED
+    if h.state == BreakerState.HALF_OPEN and h.probe_key == key and ends:
         if what == Observation.OK:
             return _moved(h, BreakerState.CLOSED, now, f"probe {key} succeeded"), "closed"
         return _moved(h, BreakerState.OPEN, now, f"probe {key} failed ({what.value})"), "opened"
-    if h.canary_key == key and not h.canary_passed and what in CALLS:
+    if h.canary_key == key and not h.canary_passed and ends:
         if what == Observation.OK:
             return replace(h, canary_passed=True, version=h.version + 1), "canary_passed"
         return replace(h, canary_key=None, version=h.version + 1), "canary_failed"

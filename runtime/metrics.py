@@ -191,6 +191,9 @@ WITH g AS (
 {_BY_PROJECT_EXECUTOR}, sum(g.n) FROM g {_PROJECT} {_EXECUTOR}
 GROUP BY 1, 2"""
 
+# Every route's shared breaker row (rules.routing): its state, and when it last qualified as a fallback.
+ROUTE_BREAKERS: Final = "SELECT route, state, qualified_at FROM route_breakers ORDER BY route"
+
 # An operation is open from its INTENT until its one result (Outcome, Failure, ExecutionResult or void) is
 # written under the unique dedup key ``{op}:result``: an index lookup per INTENT.
 OPEN_OPERATIONS: Final = f"""
@@ -325,6 +328,27 @@ class LedgerCollector(Collector):
 
         yield from self._people(rows)
         yield from self._quality(rows)
+        yield from self._routes(rows)
+
+    def _routes(self, rows: Rows) -> Iterator[Metric]:
+        """Each route's shared breaker (rules.routing): 1 on its current state's series, 0 on the others."""
+        breaker = GaugeMetricFamily(
+            "ledgerflow_route_breaker",
+            "A route's circuit breaker: 1 for its current state.",
+            labels=["route", "state"],
+        )
+        qualified = GaugeMetricFamily(
+            "ledgerflow_route_qualified_at",
+            "When a fallback route last passed its regression set (unix time).",
+            labels=["route"],
+        )
+        for route, state, at in rows(ROUTE_BREAKERS):
+            for s in ("closed", "open", "half_open"):
+                breaker.add_metric([route, s], 1.0 if s == state else 0.0)
+            if at is not None:
+                qualified.add_metric([route], float(at.timestamp()))
+        yield breaker
+        yield qualified
 
     def _people(self, rows: Rows) -> Iterator[Metric]:
         pk = ["project", "kind"]

@@ -181,3 +181,16 @@ def test_first_reviews_are_the_routed_outputs_made_since_the_previous_review() -
         ("motion.backup", "t:b:1", False),
     ]
     assert first_reviews(events, flagged=[]) == [("motion.backup", "t:b:2", True)]
+
+
+def test_a_canary_or_probe_that_ends_without_an_output_for_any_reason_ends_unproven() -> None:
+    out = backup(canary_key="c", canary_outage=T0)
+    h, change = observed(out, Observation.SETTLED, "c", Window(), POLICY, T0)
+    assert change == "canary_failed" and h.canary_key is None
+    half = Health("video.motion", BreakerState.HALF_OPEN, since=T0, opened_at=T0, probe_key="p")
+    assert observed(half, Observation.SETTLED, "p", Window(), POLICY, T0)[1] == "opened"
+    closed = Health("video.motion")
+    assert observed(closed, Observation.SETTLED, "x", Window(calls=9, failures=9), POLICY, T0) == (
+        closed,
+        None,
+    )
