@@ -53,7 +53,7 @@ async def build_worker(
     ``interceptors``: besides the client's (a worker inherits those); None: tracing's, when the environment
     turns it on and the client has not got it (runtime/telemetry.py).
     """
-    recorder = Recorder(settings.resolved_database_url())
+    recorder = Recorder(settings.resolved_database_url(), pool_size=settings.db_pool_size)
     recorder.check_schema()  # never DDL: `ledgerflow db upgrade` migrates (ledger/migrate.py)
     stack.callback(recorder.dispose)
     refuse_dev_secrets(settings, recorder)

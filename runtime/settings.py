@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     poll_interval_seconds: float = 0.05
     # Activities one worker runs at once (executors, ledger writes, closes).
     max_concurrent_activities: int = Field(default=64, ge=1, le=1000)
+    # The worker's ledger connections: this many kept open, as many again opened under a burst (so at most
+    # 2 × db_pool_size per worker). An activity holds one only for a statement or a transaction (ms), so 10
+    # serve 64 concurrent activities; size N workers × 2 × db_pool_size below Postgres's max_connections
+    # (100 by default; the embedded stack sets 200) with room for the CLI and the reviewer page.
+    db_pool_size: int = Field(default=10, ge=1, le=200)
     # How long a workflow task waits for the worker that ran the workflow last (its cache) before any worker
     # may take it. After that worker dies, its workflows' next step waits this long (Temporal's default 10 s).
     sticky_schedule_to_start_seconds: float = Field(default=2.0, gt=0, le=60)
