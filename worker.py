@@ -89,6 +89,7 @@ async def build_worker(
         settings.poll_interval_seconds,
         store_for=store_for,
         pause_retry_s=settings.route_pause_retry_seconds,
+        max_poll_interval=settings.max_poll_interval_seconds,
     )
     review = ReviewActivities(recorder, store, chat, adapters=adapters, store_for=store_for)
     llm = LlmActivities(recorder, chat)

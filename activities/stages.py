@@ -101,12 +101,14 @@ class StageActivities:
         *,
         store_for: Any = None,
         pause_retry_s: float = 30.0,
+        max_poll_interval: float = 5.0,
     ):
         self.recorder = recorder
         self.adapters = adapters
         self.store = store
         self.store_for = store_for or (lambda uri: store)
         self.poll_interval = poll_interval
+        self.max_poll_interval = max_poll_interval
         self.pause_retry_s = pause_retry_s
         self.actor = f"worker {socket.gethostname()}:{os.getpid()}"
 
@@ -422,10 +424,15 @@ class StageActivities:
         """Poll until the job ends or stalls, heartbeating its id: a retry resumes it, never resubmits."""
         watch = StallWatch(inp.stall_after)
         mark("polling", op=op.key, job=job.id)
+        # From poll_interval, half as long again each time, up to max_poll_interval: a quick job is seen at
+        # once, a job of minutes costs a poll every few seconds (not 20 a second: a thousand tasks' polls
+        # were most of the soak's CPU, the vendor's too).
+        delay = self.poll_interval
         while job.status == JobStatus.RUNNING:  # the job id is heartbeated (attempt.accepted)
             if watch.stalled(job.progress, time.monotonic()):
                 return job
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, max(self.poll_interval, self.max_poll_interval))
             got = await self._get(op, adapter, job.id)
             if isinstance(got, StoredEvent):
                 return got

@@ -49,7 +49,10 @@ class Settings(BaseSettings):
     state_dir: Path = STATE_DIR
     # Price of inference tokens, in currency units per 1k tokens (LLM decision and review calls).
     llm_price_per_1k_tokens: str = "0.002"
+    # A running vendor job is polled after poll_interval_seconds, then half as long again each time, up to
+    # max_poll_interval_seconds.
     poll_interval_seconds: float = 0.05
+    max_poll_interval_seconds: float = Field(default=5.0, gt=0, le=300)
     # Activities one worker runs at once (executors, ledger writes, closes).
     max_concurrent_activities: int = Field(default=64, ge=1, le=1000)
     # The worker's ledger connections: this many kept open, as many again opened under a burst (so at most
