@@ -193,6 +193,9 @@ class Progress(_Event):
 
 
 class Failure(_Event):
+    # v2: the retry's backoff after it is jittered by the operation's key (rules.projection.backoff); a v1
+    # Failure keeps the plain exponential delay, so histories recorded before replay their timers unchanged.
+    SCHEMA: ClassVar[int] = 2
     type: Literal["Failure"] = "Failure"
     node: str
     operation_key: str

@@ -7,6 +7,7 @@ history). Everything here is pure: no clock (times come from events' ``recorded_
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -366,7 +367,8 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             elif event.operation_key == node.operation_key and node.status != NodeStatus.STALE:
                 node.status = NodeStatus.FAILED
                 node.failures.append(FailureInfo(node.attempts, event.kind, event.error, stored.recorded_at))
-                node.retry_at = stored.recorded_at + backoff(node.attempts)
+                jitter_key = event.operation_key if stored.schema_version >= 2 else None
+                node.retry_at = stored.recorded_at + backoff(node.attempts, jitter_key)
                 node.dead_letter = None
         case SystemMarker():
             _apply_marker(p, event)
@@ -695,9 +697,16 @@ def _by_order(n: NodeView) -> int:
     return n.order
 
 
-def backoff(attempt: int) -> timedelta:
-    """Delay before retrying a technical failure: exponential, capped (jitter-free: rules are pure)."""
-    return timedelta(seconds=min(60.0, 0.5 * 2 ** max(0, attempt - 1)))
+def backoff(attempt: int, key: str | None = None) -> timedelta:
+    """Delay before retrying a technical failure: exponential, capped at 60 s, and — given the failed
+    operation's key — stretched by a jitter of 0–50 % drawn from that key's hash, so a burst of failures
+    (a vendor outage, a 429 storm) does not come back as one burst, and the rules stay pure: the same
+    record gives the same delay."""
+    base = min(60.0, 0.5 * 2 ** max(0, attempt - 1))
+    if key is None:
+        return timedelta(seconds=base)
+    fraction = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") / 2**32
+    return timedelta(seconds=base * (1 + 0.5 * fraction))
 
 
 def summary(p: Projection) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from rules.events import Decision, FailureKind, MarkerKind, Verdict, parse
 from rules.inputs import input_hash
 from rules.llm import check_llm_action
 from rules.plan import REVIEW
-from rules.projection import NodeStatus, TaskState, apply, fold, new_projection, summary
+from rules.projection import NodeStatus, TaskState, apply, backoff, fold, new_projection, summary
 from rules.table import decide
 from rules.verdicts import CheckResult, Severity, aggregate, score_results
 
@@ -58,7 +58,19 @@ def test_failure_settles_with_its_actual_cost_and_schedules_a_backoff() -> None:
     assert (a.status, a.in_flight) == (NodeStatus.FAILED, False) and p.reserved == 0
     assert p.spent == a.spent == Decimal("0.20")
     assert a.last_failure is not None and (a.last_failure.kind, a.last_failure.error) == ("technical", "503")
-    assert a.retry_at == h.now + timedelta(seconds=0.5)
+    assert a.operation_key is not None
+    assert a.retry_at == h.now + backoff(1, a.operation_key)
+    assert timedelta(seconds=0.5) <= a.retry_at - h.now < timedelta(seconds=0.75)
+
+
+def test_the_retry_backoff_is_jittered_by_the_operation_key_and_stays_a_function_of_the_record() -> None:
+    keys = [f"t1:shots/S{i:02d}:1" for i in range(1, 41)]
+    delays = [backoff(3, k) for k in keys]
+    assert delays == [backoff(3, k) for k in keys]  # the same key, the same delay: rules stay pure
+    assert all(timedelta(seconds=2) <= d < timedelta(seconds=3) for d in delays)
+    assert len(set(delays)) == len(keys)  # a burst of failures does not come back as one burst
+    assert backoff(3) == timedelta(seconds=2)  # a Failure of schema v1 (recorded before): no jitter
+    assert backoff(20, keys[0]) <= timedelta(seconds=90)  # capped at 60 s, + at most half
 
 
 def test_void_marker_releases_the_reservation_and_does_not_count_the_attempt() -> None:
