@@ -33,6 +33,9 @@ class StageInput(BaseModel):
     # The dispatch's INTENT, for the executor to write as its first step (activities.operation.recorded); None
     # when the workflow wrote it (histories recorded before executors did).
     intent: NewEvent | None = None
+    # Its place in a full route's queue (rules.routing.rank): the plan's priority and the task's deadline.
+    priority: str = "standard"
+    deadline: datetime | None = None
 
 
 class CloseInput(BaseModel):

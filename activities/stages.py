@@ -135,7 +135,21 @@ class StageActivities:
         table = self.adapters.table
         if inp.executor not in table.routes or table.route(inp.executor).adapter == AdapterKind.LOCAL:
             return None
-        return Routing(inp.executor, table.chain(inp.executor), inp.operation_key)
+        chain = table.chain(inp.executor)
+        quotas = tuple(
+            (c.route, spec.concurrency, spec.priority_aging)
+            for c in chain
+            if (spec := table.route(c.route)).concurrency is not None
+        )
+        return Routing(
+            inp.executor,
+            chain,
+            inp.operation_key,
+            task_id=inp.task_id,
+            quotas=quotas,
+            priority=inp.priority,
+            deadline=inp.deadline,
+        )
 
     async def _run(self, inp: StageInput) -> StoredEvent:
         route = chosen_route() or inp.executor

@@ -20,6 +20,7 @@ at most one lease row and takes it first, so no cycle of waits can form: see ``_
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,11 +36,13 @@ from sqlalchemy import (
     any_,
     bindparam,
     create_engine,
+    delete,
     func,
     select,
     text,
     update,
 )
+from sqlalchemy import Engine as sa_Engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -67,10 +70,13 @@ from ledger.schema import (
     route_changes,
     route_events,
     route_observations,
+    route_slots,
+    route_waiters,
     task_leases,
 )
 from rules.approvers import KeyRecord, registry
 from rules.envelope import NewEvent, StoredEvent
+from rules.keys import is_result_key
 from rules.money import MONEY_SCALE, parse_amount
 from rules.routing import (
     FAILURES,
@@ -79,9 +85,11 @@ from rules.routing import (
     Candidate,
     Health,
     Observation,
+    Waiter,
     Window,
     choose,
     claimed,
+    grant,
     observed,
 )
 
@@ -264,6 +272,7 @@ _WINDOW: Final = text(
     " count(*) FILTER (WHERE kind = 'review_pass')"
     " FROM route_observations WHERE route = :route AND recorded_at > :now - :widest"
 )
+_FREE_SLOT: Final = delete(route_slots).where(route_slots.c.operation_key == bindparam("b_key"))
 _HEALTH_COLUMNS: Final = (
     "state",
     "since",
@@ -544,6 +553,9 @@ class Recorder:
                 if _constraint(e) != DEDUP_CONSTRAINT:
                     raise
                 raise DuplicateEvent(self._existing_key(keys)) from e
+            except _QueueFull as full:
+                _queue(self._engine, full.waiter)  # its place in the queue outlives the rolled-back INTENT
+                raise RouteWaiting(full.executor, full.reason, full.retry_s) from None
         # executemany with RETURNING does not promise row order; seq does.
         return sorted((_stored(r) for r in rows), key=lambda s: s.seq)
 
@@ -612,6 +624,9 @@ class Recorder:
             inserted = conn.execute(_INSERT_IDEMPOTENT, _params(task_id, next_seq - 1, epoch, event)).first()
             if inserted is not None:
                 # An error below leaves the transaction uncommitted: closing the connection rolls it back.
+                if event.operation_key is not None and is_result_key(event.dedup_key):
+                    # The operation's one result gives back its route slot (if it held one), in this write.
+                    conn.execute(_FREE_SLOT, {"b_key": event.operation_key})
                 if settle:
                     _settle(conn, task_id, reserved[2], to_release, to_spend)
                 if raised is not None:
@@ -1058,11 +1073,20 @@ def _describe(error: sa_exc.SQLAlchemyError) -> str:
 @dataclass(frozen=True)
 class Routing:
     """What a routed dispatch's INTENT asks of ``append_fenced``: the executor, its routes (primary first),
-    and the operation's key (a probe's or canary's claim names it)."""
+    the operation's key (a probe's or canary's claim names it) and, for routes with a concurrency quota,
+    ``(route, limit, aging_s)`` with the dispatch's place in their queues (priority, deadline)."""
 
     executor: str
     chain: tuple[Candidate, ...]
     key: str
+    task_id: str = ""
+    quotas: tuple[tuple[str, int, float], ...] = ()
+    priority: str = "standard"
+    deadline: datetime | None = None
+
+
+# A waiter not seen again for this long (its task ended, its worker died) no longer holds its place.
+WAITER_STALE = timedelta(seconds=30)
 
 
 def _health(route: str, row: Any) -> Health:
@@ -1091,6 +1115,8 @@ def _routed(conn: Connection, routing: Routing, intent: NewEvent, rows: Any, now
             kind = "switched" if before.canary_outage != outage else "canary_claimed"
             reason = f"{routing.chain[0].route} → {choice.route}: {choice.reason}"
         _log_change(conn, choice.route, kind, reason, routing.key, {"executor": routing.executor})
+    quota = next((q for q in routing.quotas if q[0] == choice.route), None)
+    granted = _take_slot(conn, routing, quota, now) if quota is not None else None
     basis = {c.route: (healths.get(c.route) or Health(c.route)).as_basis() for c in routing.chain}
     payload = {
         **intent.payload,
@@ -1101,6 +1127,8 @@ def _routed(conn: Connection, routing: Routing, intent: NewEvent, rows: Any, now
         "route_chain": [[c.route, c.open_for_s, c.max_age_s] for c in routing.chain],
         "route_at": now.isoformat(),
     }
+    if granted is not None:
+        payload["route_quota"] = granted
     return intent.model_copy(update={"payload": payload})
 
 
@@ -1143,3 +1171,80 @@ def _log_change(
             route=route, kind=kind, reason=reason[:1000], operation_key=key, detail=detail
         )
     )
+
+
+class _QueueFull(RouteWaiting):
+    """The chosen route's quota is full for this dispatch: its waiter row is written after the rollback."""
+
+    def __init__(self, executor: str, reason: str, retry_s: float, waiter: dict[str, Any]) -> None:
+        super().__init__(executor, reason, retry_s)
+        self.waiter = waiter
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RouteWaiting, (self.executor, self.reason, self.retry_s))
+
+
+def _take_slot(
+    conn: Connection, routing: Routing, quota: tuple[str, int, float], now: datetime
+) -> dict[str, Any]:
+    """A slot on a quota'd route for this dispatch, or _QueueFull (the transaction rolls back; the caller
+    records its place in the queue). Grants on one route are serialized by an advisory lock."""
+    route, limit, aging = quota
+    conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"route-quota:{route}"})
+    used = conn.execute(
+        select(func.count()).select_from(route_slots).where(route_slots.c.route == route)
+    ).scalar_one()
+    rows = (
+        conn.execute(
+            select(route_waiters).where(
+                route_waiters.c.route == route, route_waiters.c.seen_at > now - WAITER_STALE
+            )
+        )
+        .mappings()
+        .all()
+    )
+    waiters = [Waiter(r["operation_key"], r["priority"], r["deadline"], r["since"]) for r in rows]
+    mine = next((w for w in waiters if w.key == routing.key), None)
+    me = Waiter(routing.key, routing.priority, routing.deadline, mine.since if mine else now)
+    g = grant(me, used, limit, waiters, now, aging)
+    if not g.granted:
+        waiter = {
+            "operation_key": routing.key,
+            "route": route,
+            "task_id": routing.task_id,
+            "priority": routing.priority,
+            "deadline": routing.deadline,
+            "since": me.since,
+            "seen_at": now,
+        }
+        # Asked again soon, a little later the further back it stands (never all at once: a full route
+        # must not turn its queue into a storm of retries).
+        retry = min(10.0, 0.5 + 0.25 * g.ahead) * (1 + 0.5 * _jitter(routing.key))
+        raise _QueueFull(routing.executor, f"{route}: {g.reason}", retry, waiter)
+    conn.execute(route_slots.insert().values(operation_key=routing.key, route=route, task_id=routing.task_id))
+    conn.execute(delete(route_waiters).where(route_waiters.c.operation_key == routing.key))
+    waited = (now - me.since).total_seconds() if me.since else 0.0
+    return {
+        "used": g.used,
+        "limit": g.limit,
+        "ahead": g.ahead,
+        "priority": routing.priority,
+        "waited_s": waited,
+    }
+
+
+def _jitter(key: str) -> float:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") / 2**32
+
+
+def _queue(engine: sa_Engine, waiter: dict[str, Any]) -> None:
+    """Record (or refresh) a dispatch's place in a full route's queue, in its own transaction."""
+    stmt = pg_insert(route_waiters).values(**waiter)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[route_waiters.c.operation_key], set_={"seen_at": stmt.excluded.seen_at}
+    )
+    with engine.begin() as conn:
+        conn.execute(stmt)
+        conn.execute(
+            delete(route_waiters).where(route_waiters.c.seen_at < waiter["seen_at"] - 10 * WAITER_STALE)
+        )

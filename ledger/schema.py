@@ -151,6 +151,30 @@ route_observations: Final = Table(
     Index("ix_route_observations_route", "route", "recorded_at"),
 )
 
+# A route's concurrency quota, shared by every task and worker: one row per operation holding a slot (taken
+# with its INTENT, given back with its result, in the same transactions), and the dispatches waiting for one.
+route_slots: Final = Table(
+    "route_slots",
+    metadata,
+    Column("operation_key", Text, primary_key=True),
+    Column("route", Text, nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("taken_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Index("ix_route_slots_route", "route"),
+)
+route_waiters: Final = Table(
+    "route_waiters",
+    metadata,
+    Column("operation_key", Text, primary_key=True),
+    Column("route", Text, nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("priority", Text, nullable=False),
+    Column("deadline", TIMESTAMP(timezone=True), nullable=True),
+    Column("since", TIMESTAMP(timezone=True), nullable=False),
+    Column("seen_at", TIMESTAMP(timezone=True), nullable=False),
+    Index("ix_route_waiters_route", "route"),
+)
+
 # The route's story, append-only: breaker opened / half-open / closed, a switch to a fallback, a canary's
 # result, a qualification run with its scores — each with its reason.
 route_changes: Final = Table(

@@ -260,6 +260,9 @@ class Plan(_Strict):
     # Which earlier outputs an unchanged request may reuse instead of paying again: this task's own ("task"),
     # or any earlier task's of the same project too ("project", opt-in: a resubmitted plan).
     reuse: Literal["task", "project"] = "task"
+    # Where this task's dispatches queue on a route that is at its concurrency quota: hero before standard
+    # before background, then the earlier deadline (rules.routing.rank; waiting moves a dispatch up).
+    priority: Literal["hero", "standard", "background"] = "standard"
     stages: tuple[Stage, ...] = Field(min_length=1)
 
     def stage(self, stage_id: str) -> Stage:

@@ -327,3 +327,50 @@ def recompute(intent: Mapping[str, Any]) -> Choice | None:
     rows = {r: Health.from_basis(r, raw) for r, raw in basis.items()}
     now = at if isinstance(at, datetime) else datetime.fromisoformat(at)
     return choose(candidates, rows, now, key)
+
+
+# ── a route's concurrency quota, shared by every task: who gets the next slot ─────────────────────────────
+PRIORITY_CLASS: Final = {"hero": 0, "standard": 1, "background": 2}
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A dispatch waiting for a slot on a full route (a ``route_waiters`` row)."""
+
+    key: str
+    priority: str = "standard"
+    deadline: datetime | None = None
+    since: datetime | None = None  # when it first asked
+
+
+def rank(w: Waiter, now: datetime, aging_s: float) -> tuple[float, datetime, str]:
+    """Smaller goes first: hero before standard before background, but every ``aging_s`` a dispatch has waited
+    moves it up one class (so nothing starves); then the earlier deadline; then the key (a total order)."""
+    waited = (now - w.since).total_seconds() if w.since is not None else 0.0
+    aged = PRIORITY_CLASS.get(w.priority, 1) - (waited / aging_s if aging_s > 0 else 0.0)
+    far = datetime.max.replace(tzinfo=now.tzinfo)
+    return (aged, w.deadline or far, w.key)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Whether dispatch ``me`` takes a slot now; ``ahead`` waiters rank before it (free slots go to them)."""
+
+    granted: bool
+    used: int
+    limit: int
+    ahead: int
+    reason: str
+
+
+def grant(
+    me: Waiter, used: int, limit: int, waiters: Sequence[Waiter], now: datetime, aging_s: float
+) -> Grant:
+    """A slot for ``me`` if one is free after every waiter that ranks before it had theirs."""
+    mine = rank(me, now, aging_s)
+    ahead = sum(1 for w in waiters if w.key != me.key and rank(w, now, aging_s) < mine)
+    free = limit - used
+    if free > ahead:
+        return Grant(True, used, limit, ahead, f"slot {used + 1} of {limit}")
+    why = f"{used} of {limit} slots in use, {ahead} waiting before it ({me.priority})"
+    return Grant(False, used, limit, ahead, why)

@@ -11,7 +11,7 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
         key_retention: 24h            # how long the vendor remembers an idempotency key
         max_accept_seconds: 30        # how long after the client gave up a submit may still create a job
         price: {per_second: 0.30}     # used where the vendor reports no cost
-        concurrency: 8
+        concurrency: 8                # jobs in flight at once, across every task and worker
         timeouts: {request: 10s}
         allow_hosts: [cdn.example.com]  # hosts besides base_url's whose result URLs may be downloaded
     reviewers: [compliance.rules, content.llm]
@@ -143,7 +143,11 @@ class RouteSpec(_Strict):
     key_retention: Seconds = 24 * 3600.0
     max_accept_seconds: Seconds = 30.0
     price: Price = Price()
-    concurrency: int = Field(default=8, ge=1, le=1000)
+    # Jobs in flight on this route at once, across every task and worker (None: no quota). A dispatch that
+    # finds it full waits in the route's queue by its task's priority (rules.routing.rank); every
+    # ``priority_aging`` waited moves it up a class, so nothing starves.
+    concurrency: int | None = Field(default=None, ge=1, le=10000)
+    priority_aging: Seconds = 60.0
     timeouts: Timeouts = Timeouts()
     allow_hosts: tuple[str, ...] = ()
     model: str | None = Field(default=None, max_length=200)  # a predictions version or an OpenAI model

@@ -575,6 +575,8 @@ class TaskWorkflow:
                 reuse=action.reuse,
                 reuse_project=p.plan.project if p.plan.reuse == "project" else None,
                 intent=self._to_write.pop(action.operation_key, None),
+                priority=p.plan.priority,
+                deadline=p.created_at + timedelta(seconds=p.plan.time_ceiling),
             )
             activity = executor_activity(action.executor)
             self._start(action.operation_key, action.node, activity, inp)

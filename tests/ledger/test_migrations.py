@@ -136,6 +136,8 @@ LEDGER_TABLES = {
     "route_breakers",
     "route_observations",
     "route_changes",
+    "route_slots",
+    "route_waiters",
 }
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column

@@ -176,3 +176,65 @@ def test_a_route_changes_row_is_never_rewritten(recorder: Recorder, pg_url: str)
             conn.execute(sa.text("UPDATE route_changes SET reason = 'x'"))
     finally:
         engine.dispose()
+
+
+def quota_dispatch(
+    recorder: Recorder, tid: str, epoch: int, n: int, route: str, limit: int, priority: str = "standard"
+) -> dict:
+    key = f"{tid}:shots/S{n:02d}:1"
+    intent = NewEvent(
+        type="Intent",
+        dedup_key=f"{key}:intent",
+        operation_key=key,
+        payload={"action": {"kind": "Dispatch", "operation_key": key}},
+    )
+    routing = Routing(
+        route, (Candidate(route),), key, task_id=tid, quotas=((route, limit, 60.0),), priority=priority
+    )
+    (row,) = recorder.append_fenced(tid, epoch, [intent], reserve=Decimal(1), routing=routing)
+    return row.payload
+
+
+def result(recorder: Recorder, tid: str, key: str) -> None:
+    recorder.append_idempotent(
+        tid,
+        NewEvent(type="SystemMarker", dedup_key=f"{key}:result", operation_key=key, payload={"kind": "void"}),
+    )
+
+
+def test_a_route_quota_holds_across_tasks_and_a_result_gives_its_slot_back(recorder: Recorder) -> None:
+    route, _ = names()
+    (t1, e1), (t2, e2) = task(recorder), task(recorder)
+    first = quota_dispatch(recorder, t1, e1, 1, route, limit=2)
+    quota_dispatch(recorder, t2, e2, 1, route, limit=2)
+    assert first["route_quota"] == {
+        "used": 0,
+        "limit": 2,
+        "ahead": 0,
+        "priority": "standard",
+        "waited_s": 0.0,
+    }
+    with pytest.raises(RouteWaiting, match="2 of 2 slots in use"):
+        quota_dispatch(recorder, t2, e2, 2, route, limit=2)
+    assert len(recorder.read_events(t2)) == 1  # the refused INTENT was not written
+
+    result(recorder, t1, first["action"]["operation_key"])
+    third = quota_dispatch(recorder, t2, e2, 2, route, limit=2)
+    assert third["route_quota"]["used"] == 1 and third["route_quota"]["waited_s"] > 0
+
+
+def test_a_freed_slot_goes_to_the_hero_task_though_the_background_one_asked_first(recorder: Recorder) -> None:
+    route, _ = names()
+    (t1, e1), (bg, ebg), (hero, ehero) = task(recorder), task(recorder), task(recorder)
+    holder = quota_dispatch(recorder, t1, e1, 1, route, limit=1)
+    with pytest.raises(RouteWaiting):
+        quota_dispatch(recorder, bg, ebg, 1, route, limit=1, priority="background")
+    with pytest.raises(RouteWaiting, match="1 of 1 slots in use, 0 waiting before it"):
+        quota_dispatch(recorder, hero, ehero, 1, route, limit=1, priority="hero")
+
+    result(recorder, t1, holder["action"]["operation_key"])
+    with pytest.raises(RouteWaiting, match="0 of 1 slots in use, 1 waiting before it"):
+        quota_dispatch(recorder, bg, ebg, 1, route, limit=1, priority="background")
+    assert (
+        quota_dispatch(recorder, hero, ehero, 1, route, limit=1, priority="hero")["route_quota"]["ahead"] == 0
+    )

@@ -194,3 +194,29 @@ def test_a_canary_or_probe_that_ends_without_an_output_for_any_reason_ends_unpro
         closed,
         None,
     )
+
+
+def test_a_full_route_serves_hero_before_standard_before_background_then_the_earlier_deadline() -> None:
+    from rules.routing import Waiter, grant, rank
+
+    soon, late = T0 + timedelta(hours=1), T0 + timedelta(hours=9)
+    hero = Waiter("h", "hero", late, T0)
+    std_soon, std_late = Waiter("s1", "standard", soon, T0), Waiter("s2", "standard", late, T0)
+    bg = Waiter("b", "background", soon, T0)
+    order = sorted([bg, std_late, hero, std_soon], key=lambda w: rank(w, T0, 60))
+    assert [w.key for w in order] == ["h", "s1", "s2", "b"]
+
+    waiting = [hero, std_soon, bg]
+    assert not grant(bg, used=1, limit=2, waiters=waiting, now=T0, aging_s=60).granted  # 2 rank before it
+    assert grant(hero, used=1, limit=2, waiters=waiting, now=T0, aging_s=60).granted
+    assert grant(std_soon, used=0, limit=2, waiters=waiting, now=T0, aging_s=60).granted  # 2 free, 1 ahead
+
+
+def test_waiting_moves_a_dispatch_up_so_background_work_never_starves() -> None:
+    from rules.routing import Waiter, grant
+
+    old = Waiter("b", "background", None, T0)
+    now = T0 + timedelta(seconds=150)  # 2.5 classes of aging at 60 s
+    fresh_hero = Waiter("h", "hero", None, now)
+    assert grant(old, used=0, limit=1, waiters=[fresh_hero, old], now=now, aging_s=60).granted
+    assert not grant(fresh_hero, used=0, limit=1, waiters=[fresh_hero, old], now=now, aging_s=60).granted
