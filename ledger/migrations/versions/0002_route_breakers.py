@@ -1,9 +1,8 @@
-"""Shared route health: a circuit breaker per route, its observations, its append-only story, and its quota.
+"""Shared route health: a circuit breaker per route, its observations, and its append-only story.
 
 ``route_breakers`` (one mutable row per route: breaker state, probe and canary claims, qualification),
 ``route_observations`` (insert-only: what each call and each first review told) and ``route_changes``
-(append-only: every breaker transition, switch, canary result and qualification, with its reason),
-``route_slots`` and ``route_waiters`` (a route's concurrency quota across every task, and its queue).
+(append-only: every breaker transition, switch, canary result and qualification, with its reason).
 
 Idempotent like the baseline (IF NOT EXISTS; the trigger dropped and made again): a database adopted from a
 release before migrations may be upgraded over tables this revision made.
@@ -57,27 +56,6 @@ def upgrade() -> None:
         "ix_route_observations_route", "route_observations", ["route", "recorded_at"], if_not_exists=True
     )
     op.create_table(
-        "route_slots",
-        sa.Column("operation_key", sa.Text, primary_key=True),
-        sa.Column("route", sa.Text, nullable=False),
-        sa.Column("task_id", sa.Text, nullable=False),
-        sa.Column("taken_at", sa.TIMESTAMP(timezone=True), nullable=False, server_default=_NOW),
-        if_not_exists=True,
-    )
-    op.create_index("ix_route_slots_route", "route_slots", ["route"], if_not_exists=True)
-    op.create_table(
-        "route_waiters",
-        sa.Column("operation_key", sa.Text, primary_key=True),
-        sa.Column("route", sa.Text, nullable=False),
-        sa.Column("task_id", sa.Text, nullable=False),
-        sa.Column("priority", sa.Text, nullable=False),
-        sa.Column("deadline", sa.TIMESTAMP(timezone=True), nullable=True),
-        sa.Column("since", sa.TIMESTAMP(timezone=True), nullable=False),
-        sa.Column("seen_at", sa.TIMESTAMP(timezone=True), nullable=False),
-        if_not_exists=True,
-    )
-    op.create_index("ix_route_waiters_route", "route_waiters", ["route"], if_not_exists=True)
-    op.create_table(
         "route_changes",
         sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
         sa.Column("route", sa.Text, nullable=False),
@@ -98,7 +76,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("route_changes")
-    op.drop_table("route_waiters")
-    op.drop_table("route_slots")
     op.drop_table("route_observations")
     op.drop_table("route_breakers")
