@@ -282,7 +282,7 @@ def _tally(report: OutageReport, rec: Any, vendor: str, task_ids: list[str]) -> 
         report.end_states[state] = report.end_states.get(state, 0) + 1
         report.ledger_total += vendor_spend(events)
         for e in events:
-            if e.type == "Intent" and e.payload.get("route"):
+            if e.type == "Intent" and e.payload.get("route") in (report.primary, report.fallback):
                 outcome = next(
                     (x for x in events if x.type == "Outcome" and x.operation_key == e.operation_key), None
                 )
