@@ -231,14 +231,16 @@ def parse_table(raw: Any, *, where: str = "routes") -> RouteTable:
         loc = [str(p) for p in first["loc"]]
         if loc[:1] == ["routes"] and len(loc) >= 2:
             place = f"route {loc[1]!r}" + (f": {'.'.join(loc[2:])}" if len(loc) > 2 else "")
+        elif not loc:  # the table as a whole (a fallback naming another route): the message names the route
+            place = ""
         else:
-            place = ".".join(loc) or "document"
+            place = ".".join(loc)
         msg = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             msg = "is not a known field"
         elif first["type"] == "missing":
             msg = "is required"
-        raise RouteError(f"{where}: {place} {msg}") from None
+        raise RouteError(f"{where}: {place} {msg}" if place else f"{where}: {msg}") from None
 
 
 def load_table(path: Path | None, *, mode: VendorMode = VendorMode.IDEMPOTENT) -> RouteTable:

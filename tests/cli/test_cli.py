@@ -162,9 +162,18 @@ def test_artifacts_of_an_unknown_task_is_one_line(tmp_path, pg_url, recorder):  
 
 def test_a_route_file_is_checked_with_one_line_naming_the_route_and_field(tmp_path):
     good = run(["routes", "check", str(ROOT / "examples" / "routes.yaml")])
-    assert good.returncode == 0 and "4 routes" in good.stdout, good
+    assert good.returncode == 0 and "5 routes" in good.stdout, good
     bad = tmp_path / "routes.yaml"
     bad.write_text("routes:\n  video.motion: {adapter: jobs, mode: sometimes}\n")
     assert_one_line_error(run(["routes", "check", str(bad)], cwd=tmp_path), "route 'video.motion': mode")
     bad.write_text("routes:\n  video.motion: {adapter: jobs, credential_env: 'sk-live-123 4'}\n")
     assert_one_line_error(run(["routes", "check", str(bad)], cwd=tmp_path), "credential_env")
+    bad.write_text("routes:\n  video.motion: {adapter: jobs, fallbacks: [nope]}\n")
+    assert_one_line_error(
+        run(["routes", "check", str(bad)], cwd=tmp_path),
+        f"route file {bad}: route 'video.motion': fallback 'nope' is not another route of this table",
+    )
+    bad.write_text("routes:\n  video.motion: {fallbacks: [b]}\n  b: {adapter: jobs}\n")
+    assert_one_line_error(
+        run(["routes", "check", str(bad)], cwd=tmp_path), "route 'b': a fallback needs a regression"
+    )
