@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from datetime import timedelta
-from decimal import Decimal
 
 import httpx
 from temporalio.client import Client
@@ -73,13 +72,7 @@ async def build_worker(
         store_for=store_for,
     )
     stack.push_async_callback(adapters.aclose)
-    chat = ChatClient(
-        http,
-        settings.resolved_llm_url(),
-        settings.llm_api_key.get_secret_value(),
-        settings.llm_model,
-        Decimal(settings.llm_price_per_1k_tokens),
-    )
+    chat = ChatClient.from_settings(http, settings)
     ledger = LedgerActivities(recorder, settings.route_table().names())
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
     stages = StageActivities(

@@ -29,6 +29,7 @@ from rules.events import Decision, to_new
 from rules.keys import decision_key
 from rules.llm import Proposal, check_llm_action, parse_proposal
 from rules.projection import apply, fold
+from runtime.settings import Settings
 
 MAX_OUTPUT_CHARS = 20000
 
@@ -70,6 +71,17 @@ class ChatClient:
         # One timeout for the whole call, the one the review's write-ahead marker records (the shared client's
         # own 30 s would cut a slow model off and have it asked, and paid, again).
         self.timeout = timeout
+
+    @classmethod
+    def from_settings(cls, http: httpx.AsyncClient, settings: Settings) -> ChatClient:
+        """The model this deployment is configured with (its key read here, inside the worker or command)."""
+        return cls(
+            http,
+            settings.resolved_llm_url(),
+            settings.llm_api_key.get_secret_value(),
+            settings.llm_model,
+            Decimal(settings.llm_price_per_1k_tokens),
+        )
 
     async def complete(
         self, system: str, user: str, *, schema: dict[str, Any] | None = None, schema_name: str = "output"

@@ -164,13 +164,7 @@ async def qualify(settings: Settings, route: str, *, actor: str, timeout_s: floa
             client=http,
             store_for=lambda uri: None,  # type: ignore[arg-type,return-value]  # cases take no stored inputs
         )
-        chat = ChatClient(
-            http,
-            settings.resolved_llm_url(),
-            settings.llm_api_key.get_secret_value(),
-            settings.llm_model,
-            Decimal(settings.llm_price_per_1k_tokens),
-        )
+        chat = ChatClient.from_settings(http, settings)
         try:
             adapter = adapters.get(route)
             for case in regression.cases:

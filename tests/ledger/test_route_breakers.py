@@ -34,14 +34,14 @@ def task(recorder: Recorder) -> tuple[str, int]:
     return tid, epoch
 
 
-def dispatch(recorder: Recorder, tid: str, epoch: int, n: int, routes: tuple[Candidate, ...]) -> dict:
+def intent_of(tid: str, n: int) -> tuple[str, NewEvent]:
     key = f"{tid}:shots/S{n:02d}:1"
-    intent = NewEvent(
-        type="Intent",
-        dedup_key=f"{key}:intent",
-        operation_key=key,
-        payload={"action": {"kind": "Dispatch", "operation_key": key}},
-    )
+    payload = {"action": {"kind": "Dispatch", "operation_key": key}}
+    return key, NewEvent(type="Intent", dedup_key=f"{key}:intent", operation_key=key, payload=payload)
+
+
+def dispatch(recorder: Recorder, tid: str, epoch: int, n: int, routes: tuple[Candidate, ...]) -> dict:
+    key, intent = intent_of(tid, n)
     (row,) = recorder.append_fenced(
         tid, epoch, [intent], reserve=Decimal(1), routing=Routing(routes[0].route, routes, key)
     )
@@ -181,13 +181,7 @@ def test_a_route_changes_row_is_never_rewritten(recorder: Recorder, pg_url: str)
 def quota_dispatch(
     recorder: Recorder, tid: str, epoch: int, n: int, route: str, limit: int, priority: str = "standard"
 ) -> dict:
-    key = f"{tid}:shots/S{n:02d}:1"
-    intent = NewEvent(
-        type="Intent",
-        dedup_key=f"{key}:intent",
-        operation_key=key,
-        payload={"action": {"kind": "Dispatch", "operation_key": key}},
-    )
+    key, intent = intent_of(tid, n)
     routing = Routing(
         route, (Candidate(route),), key, task_id=tid, quotas=((route, limit, 60.0),), priority=priority
     )
