@@ -1191,6 +1191,11 @@ def _take_slot(
     records its place in the queue). Grants on one route are serialized by an advisory lock."""
     route, limit, aging = quota
     conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"route-quota:{route}"})
+    held = conn.execute(
+        select(route_slots.c.operation_key).where(route_slots.c.operation_key == routing.key)
+    ).first()
+    if held is not None:  # its own slot, taken by an earlier try of this very write: granted already
+        return {"used": limit, "limit": limit, "ahead": 0, "priority": routing.priority, "waited_s": 0.0}
     used = conn.execute(
         select(func.count()).select_from(route_slots).where(route_slots.c.route == route)
     ).scalar_one()
