@@ -400,39 +400,27 @@ async def recorded(
         return await body()
     assert intent.operation_key is not None
 
-    def own(existing: StoredEvent | None) -> StoredEvent | None:
-        ours = existing is not None and existing.task_id == task_id
-        return (
-            existing
-            if ours and existing is not None and existing.operation_key == intent.operation_key
-            else None
-        )
-
-    # A retry looks for its INTENT first: a routed append chooses (and may claim, or wait for a quota slot)
-    # before it inserts, so an attempt whose INTENT is already written must not go through that again — it
-    # would count its own slot and wait forever on a full route. The first attempt goes straight to the write.
-    found = None
-    if activity.in_activity() and activity.info().attempt > 1:
-        found = own(await asyncio.to_thread(recorder.find_by_dedup_key, intent.dedup_key))
     with telemetry.span("ledger.intent", {"ledgerflow.reservation": str(inp.estimate)}):
         try:
-            if found is not None:
-                rows = [found]
-            else:
-                rows = await asyncio.to_thread(
-                    recorder.append_fenced,
-                    task_id,
-                    inp.epoch,
-                    [intent],
-                    reserve=inp.estimate,
-                    unless=closing_key(task_id),
-                    routing=routing,
-                )
-                mark("intent_recorded", task=task_id, op=intent.operation_key)
-                activity.logger.info("INTENT recorded, %s reserved", inp.estimate)
+            rows = await asyncio.to_thread(
+                recorder.append_fenced,
+                task_id,
+                inp.epoch,
+                [intent],
+                reserve=inp.estimate,
+                unless=closing_key(task_id),
+                routing=routing,
+            )
+            mark("intent_recorded", task=task_id, op=intent.operation_key)
+            activity.logger.info("INTENT recorded, %s reserved", inp.estimate)
         except DuplicateEvent:
-            existing = own(await asyncio.to_thread(recorder.find_by_dedup_key, intent.dedup_key))
-            if existing is None:
+            # A retry: its INTENT is on record (a routed append finds it before choosing anything again).
+            existing = await asyncio.to_thread(recorder.find_by_dedup_key, intent.dedup_key)
+            if (
+                existing is None
+                or existing.task_id != task_id
+                or existing.operation_key != intent.operation_key
+            ):
                 raise
             rows = [existing]
         except LedgerError as e:

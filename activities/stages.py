@@ -194,11 +194,11 @@ class StageActivities:
         except Exception as e:
             cross(e)
 
-    async def _observe(self, inp: StageInput, what: Observation | None) -> None:
+    async def _observe(self, inp: StageInput, what: Observation) -> None:
         """Tell the route's shared breaker what this call showed (never fails the attempt: the breaker is
         advice for the next dispatches, the operation's own record is already written)."""
         spec = self.adapters.table.routes.get(inp.executor)
-        if what is None or spec is None or spec.adapter == AdapterKind.LOCAL:
+        if spec is None or spec.adapter == AdapterKind.LOCAL:
             return
         policy = spec.breaker.policy()
         try:

@@ -20,7 +20,6 @@ at most one lease row and takes it first, so no cycle of waits can form: see ``_
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ from ledger.schema import (
 )
 from rules.approvers import KeyRecord, registry
 from rules.envelope import NewEvent, StoredEvent
-from rules.keys import is_result_key
+from rules.keys import is_result_key, key_fraction
 from rules.money import MONEY_SCALE, parse_amount
 from rules.routing import (
     FAILURES,
@@ -249,8 +248,14 @@ _BREAKERS_OF: Final = (
     .where(_rb.c.route == any_(bindparam("b_routes", type_=ARRAY(Text))))
     .scalar_subquery()
 )
-_RESERVE_FENCED_ROUTED: Final = _RESERVE_FENCED.returning(_BREAKERS_OF, func.clock_timestamp())
-_RESERVE_FENCED_SCOPES_ROUTED: Final = _RESERVE_FENCED_SCOPES.returning(_BREAKERS_OF, func.clock_timestamp())
+# … and whether the INTENT is already written (a retry of its executor): then nothing is chosen, claimed or
+# queued again — a retry must not count its own quota slot, nor claim a canary it cannot keep.
+_WRITTEN_ALREADY: Final = (
+    select(events.c.seq).where(events.c.dedup_key == bindparam("b_intent_key")).scalar_subquery()
+)
+_ROUTED_EXTRAS: Final = (_WRITTEN_ALREADY, _BREAKERS_OF, func.clock_timestamp())
+_RESERVE_FENCED_ROUTED: Final = _RESERVE_FENCED.returning(*_ROUTED_EXTRAS)
+_RESERVE_FENCED_SCOPES_ROUTED: Final = _RESERVE_FENCED_SCOPES.returning(*_ROUTED_EXTRAS)
 _BREAKER_ROW: Final = (
     select(func.row_to_json(_rb.table_valued())).where(_rb.c.route == bindparam("b_route")).scalar_subquery()
 )
@@ -527,6 +532,7 @@ class Recorder:
                     else:
                         stmt = _RESERVE_FENCED_SCOPES_ROUTED if amount else _RESERVE_FENCED_ROUTED
                         params["b_routes"] = [c.route for c in routing.chain]
+                        params["b_intent_key"] = keys[0]
                     fence = conn.execute(stmt, params).first()
                     if fence is None:
                         # Error path only: tell a missing task from a stale epoch.
@@ -537,6 +543,8 @@ class Recorder:
                     if unless is not None and conn.execute(_BY_DEDUP_KEY, {"b_dedup_key": unless}).first():
                         raise AlreadyResolved(unless)  # the transaction rolls back: nothing is written
                     if routing is not None:
+                        if fence[-3] is not None:
+                            raise DuplicateEvent(keys[0])  # rolls back; the caller takes the INTENT on record
                         events = [_routed(conn, routing, events[0], fence[-2], fence[-1])]
                     first = fence[0] - count
                     rows = (
@@ -1134,13 +1142,7 @@ def _routed(conn: Connection, routing: Routing, intent: NewEvent, rows: Any, now
 
 def _swap(conn: Connection, before: Health, after: Health) -> bool:
     """Write ``after`` over the route's row if it is still ``before`` (its version); False if it moved."""
-    values = {k: v for k, v in after.as_basis().items() if k != "version"}
-    values = {
-        **values,
-        **{k: getattr(after, k) for k in ("since", "opened_at", "canary_outage", "qualified_at")},
-        "state": after.state.value,
-        "version": after.version,
-    }
+    values = {k: getattr(after, k) for k in _HEALTH_COLUMNS} | {"state": after.state.value}
     if before.version == 0:
         inserted = conn.execute(
             pg_insert(route_breakers)
@@ -1191,11 +1193,6 @@ def _take_slot(
     records its place in the queue). Grants on one route are serialized by an advisory lock."""
     route, limit, aging = quota
     conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"route-quota:{route}"})
-    held = conn.execute(
-        select(route_slots.c.operation_key).where(route_slots.c.operation_key == routing.key)
-    ).first()
-    if held is not None:  # its own slot, taken by an earlier try of this very write: granted already
-        return {"used": limit, "limit": limit, "ahead": 0, "priority": routing.priority, "waited_s": 0.0}
     used = conn.execute(
         select(func.count()).select_from(route_slots).where(route_slots.c.route == route)
     ).scalar_one()
@@ -1224,7 +1221,7 @@ def _take_slot(
         }
         # Asked again soon, a little later the further back it stands (never all at once: a full route
         # must not turn its queue into a storm of retries).
-        retry = min(10.0, 0.5 + 0.25 * g.ahead) * (1 + 0.5 * _jitter(routing.key))
+        retry = min(10.0, 0.5 + 0.25 * g.ahead) * (1 + 0.5 * key_fraction(routing.key))
         raise _QueueFull(routing.executor, f"{route}: {g.reason}", retry, waiter)
     conn.execute(route_slots.insert().values(operation_key=routing.key, route=route, task_id=routing.task_id))
     conn.execute(delete(route_waiters).where(route_waiters.c.operation_key == routing.key))
@@ -1236,10 +1233,6 @@ def _take_slot(
         "priority": routing.priority,
         "waited_s": waited,
     }
-
-
-def _jitter(key: str) -> float:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") / 2**32
 
 
 def _queue(engine: sa_Engine, waiter: dict[str, Any]) -> None:

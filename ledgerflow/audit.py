@@ -350,7 +350,7 @@ async def audit_billing(
                 if not adapter.capabilities.can_list_charges or not isinstance(adapter, ChargeListing):
                     raise _NotListable(f"the {adapter.route.adapter.value} API lists no charges per call")
                 charges = await adapter.charges(since)
-            except (_NotListable, VendorError, ConfigError) as e:
+            except (_NotListable, VendorError, ConfigError, RouteError) as e:  # RouteError: no base URL
                 for executor in executors:
                     unlisted[executor] = f"route {executor} ({e})"
                 continue

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from ledgerflow import client as lf
 from ledgerflow import stack
-from ledgerflow.drill import ROOT, WorkerProcess, charges_for, duplicates_and_total
+from ledgerflow.drill import ROOT, WorkerProcess, vendor_charges
 from ledgerflow.qualify import qualify
 from rules.events import vendor_spend
 from rules.projection import fold
@@ -162,16 +162,17 @@ async def run_outage_drill(
     client = await lf.connect(settings)
     rec = lf.recorder(settings)
     handles: list[Any] = []
-    prefix = f"outage-{stamp}"
+    task_ids: list[str] = []
+    names = settings.route_table().names()
 
     async def start(n: int) -> None:
-        tid = f"{prefix}-{n:02d}"
-        text = PLAN.format(n=n + 1, primary=primary, shots=shots)
-        plan = lf.parse_plan(text, tid, routes=settings.route_table().names())
+        tid = f"outage-{stamp}-{n:02d}"
+        plan = lf.parse_plan(PLAN.format(n=n + 1, primary=primary, shots=shots), tid, routes=names)
         inp = TaskInput(task_id=tid, plan=plan, heartbeat_timeout_seconds=5)
         handles.append(
             await client.start_workflow(TaskWorkflow.run, inp, id=workflow_id(tid), task_queue=queue)
         )
+        task_ids.append(tid)
 
     try:
         if failure == "quality":
@@ -179,7 +180,7 @@ async def run_outage_drill(
         else:
             await _errors_then_timeouts(vendor, base, primary, episodes, start, rec, report)
         await asyncio.wait([asyncio.ensure_future(h.result()) for h in handles], timeout=FINISH_TIMEOUT)
-        _tally(report, rec, vendor, [h.id.removeprefix("ledgerflow-task-") for h in handles])
+        _tally(report, rec, vendor, task_ids)
     finally:
         worker.kill()
         rec.dispose()
@@ -281,27 +282,25 @@ def _tally(report: OutageReport, rec: Any, vendor: str, task_ids: list[str]) -> 
         state = fold(events).state.value
         report.end_states[state] = report.end_states.get(state, 0) + 1
         report.ledger_total += vendor_spend(events)
+        made = {e.operation_key for e in events if e.type == "Outcome"}
         for e in events:
-            if e.type == "Intent" and e.payload.get("route") in (report.primary, report.fallback):
-                outcome = next(
-                    (x for x in events if x.type == "Outcome" and x.operation_key == e.operation_key), None
-                )
-                if outcome is not None:
-                    if e.payload["route"] == report.primary:
-                        report.shots_primary += 1
-                    else:
-                        report.shots_fallback += 1
-    report.duplicate_charges, report.vendor_total = duplicates_and_total(charges_for(vendor, task_ids))
-    for kind, attr in (
-        ("opened", "opened_at"),
-        ("switched", "switched_at"),
-        ("canary_passed", "canary_passed_at"),
+            route = e.payload.get("route") if e.type == "Intent" else None
+            if route in (report.primary, report.fallback) and e.operation_key in made:
+                if route == report.primary:
+                    report.shots_primary += 1
+                else:
+                    report.shots_fallback += 1
+    report.duplicate_charges, report.vendor_total = vendor_charges(vendor, task_ids)
+    primary = rec.route_changes(report.primary, 200)  # newest first: a kind's first is its last row
+    fallback = rec.route_changes(report.fallback, 200)
+    for rows, kind, attr in (
+        (primary, "opened", "opened_at"),
+        (fallback, "switched", "switched_at"),
+        (fallback, "canary_passed", "canary_passed_at"),
     ):
-        route = report.primary if kind == "opened" else report.fallback
-        rows = [c for c in rec.route_changes(route, 200) if c["kind"] == kind]
-        if rows:
-            first = rows[-1]  # newest first: the last is the first
+        first = next((c for c in reversed(rows) if c["kind"] == kind), None)
+        if first is not None:
             setattr(report, attr, first["recorded_at"].timestamp())
             if kind == "opened":
                 report.opened_reason = first["reason"]
-    report.closed_again = _changed(rec, report.primary, "closed")
+    report.closed_again = any(c["kind"] == "closed" for c in primary)

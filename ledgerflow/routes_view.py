@@ -3,13 +3,13 @@ breaker (closed / open / half-open, and why), its fallbacks and whether each is 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.table import Table
 
 from ledgerflow import client as lf
-from rules.routing import BreakerState, Health
+from rules.routing import BreakerState, Candidate, Health, qualified
 from runtime.settings import Settings
 
 
@@ -27,9 +27,6 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
         state = states.get(name)
         h = health.get(name) or Health(name)
         fallback_of = sorted(n for n, r in table.routes.items() if name in r.fallbacks)
-        qualified_until = (
-            h.qualified_at + timedelta(seconds=route.qualification_max_age) if h.qualified_at else None
-        )
         rows.append(
             {
                 "route": name,
@@ -47,7 +44,9 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
                 "breaker_reason": h.reason or None,
                 "fallbacks": list(route.fallbacks),
                 "fallback_of": fallback_of,
-                "qualified": bool(qualified_until and qualified_until > now),
+                # as the router judges it: only a fallback needs a qualification
+                "qualified": bool(fallback_of)
+                and qualified(Candidate(name, max_age_s=route.qualification_max_age), h, now),
                 "qualified_at": h.qualified_at.isoformat() if h.qualified_at else None,
             }
         )

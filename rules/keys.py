@@ -11,6 +11,7 @@ Changing a format here changes what an existing ledger deduplicates against: kee
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 RESULT: Final = "result"  # an operation's one resolution: Outcome, Failure, ExecutionResult or void
@@ -110,3 +111,8 @@ def rejected_burst_key(task_id: str, request_id: str, digest: str) -> str:
 def backups_key(task_id: str, request_id: str) -> str:
     """A request's one offer to the plan's backup approvers."""
     return f"{task_id}:backups:{request_id}"
+
+
+def key_fraction(key: str) -> float:
+    """A number in [0, 1) from ``key``'s hash: jitter that is a function of the record (rules stay pure)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") / 2**32

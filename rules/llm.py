@@ -39,6 +39,12 @@ class Proposal(BaseModel):
     reason: str = Field(default="", max_length=500)
 
 
+# How the loop words the question it puts to a person when the model's answer cannot be used
+# (workflows/task.py ``_ask_llm``); the audit (rules.recompute) reads them back: the text after is the reason.
+MODEL_UNAVAILABLE: Final = "no rule matched and the model could not be asked: "
+PROPOSAL_REFUSED: Final = "no rule matched and the model's proposal was refused: "
+
+
 def parse_proposal(raw: Any) -> tuple[Proposal | None, str | None]:
     """Validate the model's JSON object; returns (proposal, None) or (None, why it was refused)."""
     try:

@@ -7,7 +7,6 @@ history). Everything here is pure: no clock (times come from events' ``recorded_
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -47,6 +46,7 @@ from rules.events import (
     Verdict,
     parse,
 )
+from rules.keys import key_fraction
 from rules.plan import REVIEW, Plan, TimeoutPolicy, Value
 
 # Voids (provably never sent) a node may have per round before they count against its attempts.
@@ -705,8 +705,7 @@ def backoff(attempt: int, key: str | None = None) -> timedelta:
     base = min(60.0, 0.5 * 2 ** max(0, attempt - 1))
     if key is None:
         return timedelta(seconds=base)
-    fraction = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") / 2**32
-    return timedelta(seconds=base * (1 + 0.5 * fraction))
+    return timedelta(seconds=base * (1 + 0.5 * key_fraction(key)))
 
 
 def summary(p: Projection) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from rules.actions import Action, Dispatch, Escalate, SuspendForHuman
 from rules.envelope import StoredEvent
 from rules.events import Decision, Intent, MarkerKind, SystemMarker, parse, parse_as
 from rules.keys import refused_intent_key
-from rules.llm import ask_person, check_llm_action, parse_proposal
+from rules.llm import MODEL_UNAVAILABLE, PROPOSAL_REFUSED, ask_person, check_llm_action, parse_proposal
 from rules.projection import (
     NodeView,
     Projection,
@@ -57,10 +57,6 @@ from rules.table import BUDGET_REFUSED
 from rules.table_versions import table, today
 
 LLM: Final = "LLM"
-# How the loop words the question it puts to a person when the model's answer cannot be used
-# (workflows/task.py ``_ask_llm``): the text after the prefix is the reason.
-MODEL_UNAVAILABLE: Final = "no rule matched and the model could not be asked: "
-PROPOSAL_REFUSED: Final = "no rule matched and the model's proposal was refused: "
 
 
 @dataclass(frozen=True)
@@ -112,7 +108,7 @@ def audit_decisions(events: Iterable[StoredEvent], *, incremental: bool = True) 
     for check in sorted(checks, key=lambda c: (c.watermark, len(c.pending), c.order)):
         p = views.at(check.watermark, check.pending)
         check.judge(p)
-    _, route_divergences = _route_choices(ordered)
+    route_divergences = _route_choices(ordered)
     return Recomputation(
         decisions=run.decisions,  # route choices are checked alongside, not counted as rule decisions
         llm=run.llm,
@@ -122,14 +118,13 @@ def audit_decisions(events: Iterable[StoredEvent], *, incremental: bool = True) 
     )
 
 
-def _route_choices(ordered: Sequence[StoredEvent]) -> tuple[int, list[Divergence]]:
+def _route_choices(ordered: Sequence[StoredEvent]) -> list[Divergence]:
     """Every routed INTENT's route and claim, recomputed from the rows and the time it recorded
-    (rules.routing): how many, and those that do not come out the same."""
-    n, out = 0, []
+    (rules.routing): those that do not come out the same."""
+    out = []
     for e in ordered:
         if e.type != "Intent" or not e.payload.get("route_chain"):
             continue
-        n += 1
         recorded = f"route {e.payload.get('route')} ({e.payload.get('route_claim') or 'no claim'})"
         try:
             again = routing.recompute(e.payload)
@@ -140,7 +135,7 @@ def _route_choices(ordered: Sequence[StoredEvent]) -> tuple[int, list[Divergence
             out.append(Divergence(e.seq, recorded, "nothing: its routing inputs are incomplete"))
         elif (again.route, again.claim) != (e.payload.get("route"), e.payload.get("route_claim")):
             out.append(Divergence(e.seq, recorded, f"route {again.route} ({again.claim or 'no claim'})"))
-    return n, out
+    return out
 
 
 # ── what is on record ─────────────────────────────────────────────────────────────────────────────────

@@ -50,7 +50,6 @@ class Observation(StrEnum):
 
 FAILURES: Final = frozenset({Observation.ERROR, Observation.TIMEOUT, Observation.ANOMALY})
 CALLS: Final = FAILURES | {Observation.OK}
-REVIEWS: Final = frozenset({Observation.REVIEW_PASS, Observation.REVIEW_FAIL})
 
 
 @dataclass(frozen=True)
@@ -142,7 +141,6 @@ class Choice:
     route: str | None
     reason: str
     claim: Claim | None = None  # what this dispatch takes on the route (a row change, made with the INTENT)
-    fallback: bool = False  # the primary is not serving: this is a switch
     retry_s: float = 0.0
 
 
@@ -166,7 +164,7 @@ def choose(chain: Sequence[Candidate], rows: Mapping[str, Health], now: datetime
             continue
         if h.state == BreakerState.HALF_OPEN:
             if h.probe_key == key:
-                return Choice(c.route, f"{c.route}: this dispatch is its probe", fallback=i > 0)
+                return Choice(c.route, f"{c.route}: this dispatch is its probe")
             reasons.append(f"{c.route} is half-open (its probe is out)")
             continue
         if h.state == BreakerState.OPEN:
@@ -175,18 +173,16 @@ def choose(chain: Sequence[Candidate], rows: Mapping[str, Health], now: datetime
                 waits.append(rest)
                 reasons.append(f"{c.route} is open ({h.reason})")
                 continue
-            return Choice(
-                c.route, f"{c.route}: probe after {c.open_for_s:g}s open", claim="probe", fallback=i > 0
-            )
+            return Choice(c.route, f"{c.route}: probe after {c.open_for_s:g}s open", claim="probe")
         if i == 0:
             return Choice(c.route, f"{c.route}: primary, closed")
         # A closed, qualified fallback while the primary is not serving: its canary first.
         outage = p.opened_at
         if h.canary_outage != outage or h.canary_key is None:
             why = f"{c.route}: canary for {primary.route}'s outage ({'; '.join(reasons)})"
-            return Choice(c.route, why, claim="canary", fallback=True)
+            return Choice(c.route, why, claim="canary")
         if h.canary_key == key or h.canary_passed:
-            return Choice(c.route, f"{c.route}: fallback, canary passed or own", fallback=True)
+            return Choice(c.route, f"{c.route}: fallback, canary passed or own")
         waits.append(1.0)
         reasons.append(f"{c.route} waits for its canary {h.canary_key}")
         break  # the fallback serves once its canary passed: the rest wait, not a later fallback

@@ -74,7 +74,13 @@ with workflow.unsafe.imports_passed_through():
         resolution_key,
         result_key,
     )
-    from rules.llm import ALLOWED_LLM_ACTIONS, ask_person, check_llm_action
+    from rules.llm import (
+        ALLOWED_LLM_ACTIONS,
+        MODEL_UNAVAILABLE,
+        PROPOSAL_REFUSED,
+        ask_person,
+        check_llm_action,
+    )
     from rules.people import decision_ref, final_deadline
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import RULES_VERSION, budget_refused, decide, next_deadline, past_deadline
@@ -576,7 +582,7 @@ class TaskWorkflow:
                 reuse_project=p.plan.project if p.plan.reuse == "project" else None,
                 intent=self._to_write.pop(action.operation_key, None),
                 priority=p.plan.priority,
-                deadline=p.created_at + timedelta(seconds=p.plan.time_ceiling),
+                deadline=self._ceiling_at,
             )
             activity = executor_activity(action.executor)
             self._start(action.operation_key, action.node, activity, inp)
@@ -774,13 +780,13 @@ class TaskWorkflow:
             # An outage (retries exhausted) or a refused request: no Decision was recorded, nothing was
             # decided. The task waits for a person rather than failing the workflow. The error text is the
             # chat client's own (status, error type): it never carries the API key.
-            return "LLM", ask_person(p, f"no rule matched and the model could not be asked: {_error_text(e)}")
+            return "LLM", ask_person(p, f"{MODEL_UNAVAILABLE}{_error_text(e)}")
         new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
         self._apply(p, new)  # the Decision event (and its inference cost) is now in the projection
         problem, action = check_llm_action(p, proposed, now)
         if action is not None:
             return "LLM", action
-        return "LLM", ask_person(p, f"no rule matched and the model's proposal was refused: {problem}")
+        return "LLM", ask_person(p, f"{PROPOSAL_REFUSED}{problem}")
 
 
 class _BudgetRefused(Exception):

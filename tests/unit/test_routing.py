@@ -36,13 +36,13 @@ def backup(**kw: object) -> Health:
 
 def test_a_closed_primary_serves_without_a_claim() -> None:
     choice = choose(CHAIN, {}, T0, "t:a:1")
-    assert (choice.route, choice.claim, choice.fallback) == ("video.motion", None, False)
+    assert (choice.route, choice.claim) == ("video.motion", None)
 
 
 def test_an_open_primary_switches_to_the_qualified_fallback_whose_first_dispatch_is_the_canary() -> None:
     rows = {"video.motion": opened(), "motion.backup": backup()}
     first = choose(CHAIN, rows, T0 + timedelta(seconds=1), "t:a:1")
-    assert (first.route, first.claim, first.fallback) == ("motion.backup", "canary", True)
+    assert (first.route, first.claim) == ("motion.backup", "canary")
 
     after = claimed(rows["motion.backup"], first, "t:a:1", T0 + timedelta(seconds=1), T0)
     rows["motion.backup"] = after

@@ -5,6 +5,7 @@ use, and the episode is assembled from both."""
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from contextlib import AsyncExitStack
 
@@ -79,5 +80,7 @@ async def test_two_workers_with_separate_disks_complete_one_task_through_the_s3_
     assert composed["media"]["duration_s"] == 6.0  # all six shots, wherever each was made
     # Neither worker's disk holds a published artifact: each only staged its own uploads there.
     for name in ("a", "b"):
-        published = [f for f in (tmp_path / f"disk-{name}").rglob("*") if f.is_file() and "sha256" in str(f)]
+        # the local store publishes a file under its sha256 (hex) as its name
+        disk = (tmp_path / f"disk-{name}").rglob("*")
+        published = [f for f in disk if f.is_file() and re.fullmatch(r"[0-9a-f]{64}", f.name)]
         assert published == [], published
