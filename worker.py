@@ -83,6 +83,7 @@ async def build_worker(
         store_for=store_for,
         pause_retry_s=settings.route_pause_retry_seconds,
         max_poll_interval=settings.max_poll_interval_seconds,
+        human_capacity=settings.human_capacity,
     )
     review = ReviewActivities(recorder, store, chat, adapters=adapters, store_for=store_for)
     llm = LlmActivities(recorder, chat)

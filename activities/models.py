@@ -36,6 +36,8 @@ class StageInput(BaseModel):
     # Its place in a full route's queue (rules.routing.rank): the plan's priority and the task's deadline.
     priority: str = "standard"
     deadline: datetime | None = None
+    # The plan's project: the dispatch's INTENT reads that project's open human requests (rules.pressure).
+    project: str = ""
 
 
 class CloseInput(BaseModel):

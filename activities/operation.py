@@ -375,6 +375,7 @@ async def recorded(
     inp: StageInput,
     body: Callable[[], Awaitable[StoredEvent]],
     routing: Routing | None = None,
+    pressure: tuple[str, int] | None = None,
 ) -> StoredEvent | list[StoredEvent]:
     """An executor activity's whole run for a dispatch whose INTENT it writes (``inp.intent``; None: the
     workflow wrote it, and the body's result is returned as before).
@@ -390,7 +391,8 @@ async def recorded(
 
     With ``routing`` the same append chooses the operation's route (rules.routing: the primary, a qualified
     fallback, or RouteWaiting — nothing written, asked again later); the body reads it with ``chosen_route``.
-    An operation keeps its route for life: a retry finds it in its INTENT.
+    An operation keeps its route for life: a retry finds it in its INTENT. With ``pressure`` (the project's
+    scope and its people's capacity) the same append reads and records the human load (rules.pressure).
     """
     intent, task_id = inp.intent, inp.task_id
     bound = logs.current()
@@ -410,6 +412,7 @@ async def recorded(
                 reserve=inp.estimate,
                 unless=closing_key(task_id),
                 routing=routing,
+                pressure=pressure,
             )
             mark("intent_recorded", task=task_id, op=intent.operation_key)
             activity.logger.info("INTENT recorded, %s reserved", inp.estimate)

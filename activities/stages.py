@@ -102,6 +102,7 @@ class StageActivities:
         store_for: Any = None,
         pause_retry_s: float = 30.0,
         max_poll_interval: float = 5.0,
+        human_capacity: int = 0,
     ):
         self.recorder = recorder
         self.adapters = adapters
@@ -109,6 +110,8 @@ class StageActivities:
         self.store_for = store_for or (lambda uri: store)
         self.poll_interval = poll_interval
         self.max_poll_interval = max_poll_interval
+        # Open requests each project's people can hold (rules.pressure); 0: no backpressure, nothing read.
+        self.human_capacity = human_capacity
         self.pause_retry_s = pause_retry_s
         self.actor = f"worker {socket.gethostname()}:{os.getpid()}"
 
@@ -128,7 +131,8 @@ class StageActivities:
     async def run(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Write the dispatch's INTENT (where the workflow left it to the executor), then run (or resume) the
         attempt; returns the operation's rows (or, for an INTENT the workflow wrote, its resolution)."""
-        return await recorded(self.recorder, inp, lambda: self._run(inp), self._routing(inp))
+        pressure = (f"project:{inp.project}", self.human_capacity) if self.human_capacity else None
+        return await recorded(self.recorder, inp, lambda: self._run(inp), self._routing(inp), pressure)
 
     def _routing(self, inp: StageInput) -> Routing | None:
         """A vendor route's dispatch is routed (its breaker, its fallbacks); local work is not."""

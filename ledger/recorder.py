@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import cache
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -65,6 +66,7 @@ from ledger.schema import (
     budget_accounts,
     create_schema,
     events,
+    human_queue,
     route_breakers,
     route_changes,
     route_events,
@@ -77,6 +79,7 @@ from rules.approvers import KeyRecord, registry
 from rules.envelope import NewEvent, StoredEvent
 from rules.keys import is_result_key, key_fraction
 from rules.money import MONEY_SCALE, parse_amount
+from rules.pressure import Reading, queue_changes
 from rules.routing import (
     FAILURES,
     BreakerPolicy,
@@ -254,8 +257,37 @@ _WRITTEN_ALREADY: Final = (
     select(events.c.seq).where(events.c.dedup_key == bindparam("b_intent_key")).scalar_subquery()
 )
 _ROUTED_EXTRAS: Final = (_WRITTEN_ALREADY, _BREAKERS_OF, func.clock_timestamp())
-_RESERVE_FENCED_ROUTED: Final = _RESERVE_FENCED.returning(*_ROUTED_EXTRAS)
-_RESERVE_FENCED_SCOPES_ROUTED: Final = _RESERVE_FENCED_SCOPES.returning(*_ROUTED_EXTRAS)
+# A dispatch's INTENT also reads its project's open human requests (rules.pressure): one more scalar subquery.
+_HUMAN_LOAD: Final = (
+    select(func.count())
+    .select_from(human_queue)
+    .where(human_queue.c.scope == bindparam("b_project_scope"))
+    .scalar_subquery()
+    .label("human_load")
+)
+
+
+@cache
+def _fence_statement(scopes: bool, load: bool, routed: bool) -> Any:
+    """The fencing statement with what this append also needs: the task's scopes (a reservation), its
+    project's human load (``pressure``), the routes' rows (``routing``; always last: ``fence[-3:]``)."""
+    stmt = _RESERVE_FENCED_SCOPES if scopes else _RESERVE_FENCED
+    extras = ((_HUMAN_LOAD,) if load else ()) + (_ROUTED_EXTRAS if routed else ())
+    return stmt.returning(*extras) if extras else stmt
+
+
+# Closing requests in the shared queue (rules.pressure.queue_changes), in the event's own transaction.
+_QUEUE_CLOSE_ALL: Final = delete(human_queue).where(human_queue.c.task_id == bindparam("b_task_id"))
+_QUEUE_CLOSE: Final = delete(human_queue).where(
+    human_queue.c.task_id == bindparam("b_task_id"),
+    human_queue.c.request_id == any_(bindparam("b_requests", type_=ARRAY(Text))),
+)
+# An open request's row names the task's project scope (the first of its budget scopes).
+_QUEUE_OPEN: Final = text(
+    "INSERT INTO human_queue (task_id, request_id, kind, scope)"
+    " SELECT task_id, :b_request, :b_kind, coalesce(budget_scopes[1], '') FROM task_leases"
+    " WHERE task_id = :b_task_id ON CONFLICT DO NOTHING"
+)
 _BREAKER_ROW: Final = (
     select(func.row_to_json(_rb.table_valued())).where(_rb.c.route == bindparam("b_route")).scalar_subquery()
 )
@@ -492,13 +524,18 @@ class Recorder:
         reserve: Decimal = Decimal(0),
         unless: str | None = None,
         routing: Routing | None = None,
+        pressure: tuple[str, int] | None = None,
     ) -> list[StoredEvent]:
         """Append ``events`` atomically with consecutive seqs, if ``epoch`` is still the task's current one.
 
         With ``routing`` (one event: a dispatch's INTENT) the fencing statement also reads the executor's
         routes, ``rules.routing.choose`` picks one, a probe's or canary's claim is made on its row, and the
         INTENT is written with the choice and the rows it was made on (``route``, ``route_claim``,
-        ``route_basis``). RouteWaiting if no route serves now (nothing written).
+        ``route_basis``). RouteWaiting if no route serves now (nothing written). With ``pressure`` (the
+        project's scope and its people's capacity; one event: a dispatch's INTENT) the same statement counts
+        the project's open human requests, and the INTENT records the reading (``pressure``,
+        rules.pressure). Events that open or close a person's request change ``human_queue`` in this
+        transaction.
 
         An empty ``events`` still checks the fence. With ``reserve > 0`` the same transaction also reserves
         that amount on every budget scope of the task, if it fits all of them (``ceiling IS NULL OR
@@ -527,12 +564,12 @@ class Recorder:
             try:
                 with self._engine.begin() as conn:
                     params: dict[str, Any] = {"b_task_id": task_id, "b_epoch": epoch, "b_count": count}
-                    if routing is None:
-                        stmt = _RESERVE_FENCED_SCOPES if amount else _RESERVE_FENCED
-                    else:
-                        stmt = _RESERVE_FENCED_SCOPES_ROUTED if amount else _RESERVE_FENCED_ROUTED
+                    stmt = _fence_statement(bool(amount), pressure is not None, routing is not None)
+                    if routing is not None:
                         params["b_routes"] = [c.route for c in routing.chain]
                         params["b_intent_key"] = keys[0]
+                    if pressure is not None:
+                        params["b_project_scope"] = pressure[0]
                     fence = conn.execute(stmt, params).first()
                     if fence is None:
                         # Error path only: tell a missing task from a stale epoch.
@@ -546,6 +583,10 @@ class Recorder:
                         if fence[-3] is not None:
                             raise DuplicateEvent(keys[0])  # rolls back; the caller takes the INTENT on record
                         events = [_routed(conn, routing, events[0], fence[-2], fence[-1])]
+                    if pressure is not None:
+                        reading = Reading(fence._mapping["human_load"], pressure[1])
+                        payload = {**events[0].payload, "pressure": reading.as_payload()}
+                        events = [events[0].model_copy(update={"payload": payload})]
                     first = fence[0] - count
                     rows = (
                         conn.execute(
@@ -557,6 +598,7 @@ class Recorder:
                     )
                     if amount:
                         _reserve(conn, task_id, fence[1], amount)
+                    _track_queue(conn, task_id, events)
             except sa_exc.IntegrityError as e:
                 if _constraint(e) != DEDUP_CONSTRAINT:
                     raise
@@ -635,6 +677,7 @@ class Recorder:
                 if event.operation_key is not None and is_result_key(event.dedup_key):
                     # The operation's one result gives back its route slot (if it held one), in this write.
                     conn.execute(_FREE_SLOT, {"b_key": event.operation_key})
+                _track_queue(conn, task_id, [event])
                 if settle:
                     _settle(conn, task_id, reserved[2], to_release, to_spend)
                 if raised is not None:
@@ -881,6 +924,12 @@ class Recorder:
 
     # --- the approver key registry (rules.approvers) -------------------------------------------------------
 
+    def human_queue(self) -> dict[str, int]:
+        """Open human requests per project scope (``human_queue``, rules.pressure)."""
+        stmt = select(human_queue.c.scope, func.count()).group_by(human_queue.c.scope)
+        with _translated(), self._reader.connect() as conn:
+            return {scope: n for scope, n in conn.execute(stmt)}
+
     def add_key(self, key: KeyRecord, *, actor: str, reason: str = "") -> None:
         """Register a public key. LedgerError if its key id was ever registered (ids are never reused)."""
         row = {
@@ -972,6 +1021,20 @@ class Recorder:
 
 _KEY_LOG: Final = select(approver_keys).order_by(approver_keys.c.seq)
 _KEY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext('approver_key:' || :key_id))")
+
+
+def _track_queue(conn: Connection, task_id: str, written: Sequence[NewEvent]) -> None:
+    """Open and close people's requests in ``human_queue`` as the events just written say (in order)."""
+    for event in written:
+        change = queue_changes(event.type, event.payload)
+        if change is None:
+            continue
+        if change.close_all:
+            conn.execute(_QUEUE_CLOSE_ALL, {"b_task_id": task_id})
+        if change.closed:
+            conn.execute(_QUEUE_CLOSE, {"b_task_id": task_id, "b_requests": list(change.closed)})
+        for request, kind in change.opened:
+            conn.execute(_QUEUE_OPEN, {"b_task_id": task_id, "b_request": request, "b_kind": kind})
 
 
 def _amount(name: str, value: object) -> Decimal:

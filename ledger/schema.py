@@ -190,6 +190,20 @@ route_changes: Final = Table(
     Index("ix_route_changes_route", "route", "id"),
 )
 
+# The open human requests of every task (rules.pressure), one row each: inserted with the INTENT that asks
+# the request, deleted with the decision, the timeout or the task's end that closes it — in the same
+# transactions. ``scope`` is the task's project scope: a dispatch's INTENT counts its project's rows.
+human_queue: Final = Table(
+    "human_queue",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("request_id", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("opened_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Index("ix_human_queue_scope", "scope"),
+)
+
 # The approver key registry (rules.approvers), append-only: ``add`` registers a public key with what it may
 # sign, ``revoke`` ends it. Written only by ``ledgerflow keys`` (its actor and reason are the audit trail);
 # a key id is added once (rotation is a new key id, then a revoke of the old one).

@@ -48,6 +48,7 @@ from rules.events import (
 )
 from rules.keys import key_fraction
 from rules.plan import REVIEW, Plan, TimeoutPolicy, Value
+from rules.pressure import Reading
 
 # Voids (provably never sent) a node may have per round before they count against its attempts.
 FREE_VOIDS = 3
@@ -232,6 +233,8 @@ class Projection:
     # Dispatches decided and folded before the ledger holds their INTENT (its executor writes it: see
     # ``apply_provisional``), by dedup key, in the order decided.
     provisional: dict[str, Intent] = field(default_factory=dict)
+    # The latest reading of the project's human load an INTENT of this task recorded (rules.pressure).
+    pressure: Reading | None = None
 
     @property
     def state(self) -> TaskState:
@@ -317,6 +320,9 @@ def apply(p: Projection, stored: StoredEvent) -> None:
     if stored.seq <= p.watermark:
         return
     p.watermark = stored.seq
+    if stored.type == "Intent" and "pressure" in stored.payload:
+        # Read by its executor's append, with the INTENT (a provisional one had none when it was decided).
+        p.pressure = Reading.from_payload(stored.payload)
     if stored.dedup_key in p.provisional:
         del p.provisional[stored.dedup_key]  # folded already, when it was decided
         return

@@ -34,6 +34,8 @@ from rules.inputs import input_hash, reference, sources
 from rules.keys import gate_key, operation_key
 from rules.people import context_package
 from rules.plan import REVIEW, TimeoutPolicy
+from rules.pressure import describe as describe_pressure
+from rules.pressure import width as pressure_width
 from rules.projection import NodeStatus, NodeView, Projection
 
 # Retried automatically (with the error in the next request); anything else, or exhaustion, asks a person.
@@ -279,7 +281,9 @@ def ready_nodes(p: Projection) -> list[NodeView]:
     order.
 
     Above the plan's soft limit the per-stage concurrency drops to one: money is running out, so a fan-out
-    proceeds one node at a time and a person can still stop it before the hard limit. Read from the
+    proceeds one node at a time and a person can still stop it before the hard limit. While the project's
+    people hold more open requests than they can (the latest reading, rules.pressure), a fan-out widens
+    one node per finished node instead of starting at full width. Read from the
     projection's indexes: the cost is the number of stages plus the ready stages' idle nodes, not the plan.
     """
     return list(_ready(p))
@@ -313,9 +317,25 @@ def _ready(p: Projection) -> Iterator[NodeView]:
                 # A reused canary proved nothing about the route this time: until one node really ran,
                 # the fan-out goes one at a time (each acting as the canary).
                 stage_width = 1
+        if stage_width > 1:
+            stage_width = pressure_width(stage_width, _finished(p, sid), p.pressure)
         if len(p.running[sid]) >= stage_width:
             continue
         yield from p.in_order(candidates)
+
+
+def _finished(p: Projection, sid: str) -> int:
+    return len(p.graph.stage_nodes[sid]) - p.unfinished[sid]
+
+
+def _squeezed(p: Projection, n: NodeView) -> str | None:
+    """Why the node's fan-out is narrower than the plan's width because of backpressure, or None."""
+    sid = n.stage
+    if p.pressure is None or not p.pressure.over or len(p.graph.stage_nodes[sid]) < 2:
+        return None
+    full = p.plan.concurrency
+    allowed = pressure_width(full, _finished(p, sid), p.pressure)
+    return describe_pressure(full, allowed, p.pressure) if allowed < full else None
 
 
 def _input_version(p: Projection, node: str) -> int:
@@ -349,6 +369,8 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
                 node=n.id, input_version=version, operation_key=gate_key(p.task_id, stage, version)
             )
     reason = "rework" if n.status == NodeStatus.STALE else "first attempt" if n.attempts == 0 else "redo"
+    if (squeezed := _squeezed(p, n)) is not None:
+        reason = f"{reason}; {squeezed}"
     return _dispatch_or_escalate(p, n, reason, now)
 
 
@@ -438,7 +460,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # The rule table's version, recorded in every INTENT (``Intent.rules``): bump it with any change to what the
 # table decides, and keep the old table importable, so an audit recomputes each decision with the table that
 # made it (and reports apart where today's table would decide differently).
-RULES_VERSION: Final = 1
+# 2: backpressure (rules.pressure) and compensation (a terminal task's compensating phase).
+RULES_VERSION: Final = 2
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),

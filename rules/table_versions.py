@@ -4,7 +4,9 @@ Each INTENT records the version of the table that decided it (``Intent.rules``; 
 ``rules.table.RULES_VERSION``). An audit must recompute a decision with the table that made it, so an old
 table stays importable for as long as a ledger holds INTENTs it decided. To change what the table decides:
 
-1. copy today's ``rules/table.py`` to ``rules/table_v{N}.py`` (N = today's ``RULES_VERSION``), unchanged;
+1. copy today's ``rules/table.py`` to ``rules/table_v{N}.py`` (N = today's ``RULES_VERSION``), unchanged —
+   or, where the change only adds a rule or an input, express table N as today's with that part turned off
+   (as ``_decide_v1`` below), which is exact and keeps one copy of the rules;
 2. map N to that module's ``decide`` in ``_TABLES`` below;
 3. change ``rules/table.py`` and bump ``RULES_VERSION``.
 
@@ -25,8 +27,22 @@ from rules.table import RULES_VERSION, decide
 
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
+
+def _decide_v1(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 1: today's table without what table 2 added — backpressure (it ignored the human load a task's
+    INTENTs recorded) and compensation (it decided nothing once the task was terminal). Everything else is
+    unchanged, so this is exact and needs no copy of the old module."""
+    if p.terminal:
+        return None
+    reading, p.pressure = p.pressure, None
+    try:
+        return decide(p, now)
+    finally:
+        p.pressure = reading
+
+
 # version -> that table's ``decide``. Today's table is always here under today's version.
-_TABLES: Final[dict[int, Decide]] = {RULES_VERSION: decide}
+_TABLES: Final[dict[int, Decide]] = {1: _decide_v1, RULES_VERSION: decide}
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block
 
 

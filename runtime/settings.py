@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     # max_poll_interval_seconds.
     poll_interval_seconds: float = 0.05
     max_poll_interval_seconds: float = Field(default=5.0, gt=0, le=300)
+    # Open requests a project's people can hold (rules.pressure): above it, fan-outs widen slowly. 0: off.
+    human_capacity: int = Field(default=0, ge=0, le=100_000)
     # Activities one worker runs at once (executors, ledger writes, closes).
     max_concurrent_activities: int = Field(default=64, ge=1, le=1000)
     # The worker's ledger connections: this many kept open, as many again opened under a burst (so at most

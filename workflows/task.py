@@ -583,6 +583,7 @@ class TaskWorkflow:
                 intent=self._to_write.pop(action.operation_key, None),
                 priority=p.plan.priority,
                 deadline=self._ceiling_at,
+                project=p.plan.project,
             )
             activity = executor_activity(action.executor)
             self._start(action.operation_key, action.node, activity, inp)

@@ -138,6 +138,7 @@ LEDGER_TABLES = {
     "route_changes",
     "route_slots",
     "route_waiters",
+    "human_queue",
 }
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column

@@ -43,7 +43,7 @@ from rules.events import (
 )
 from rules.plan import REVIEW, Plan, validate_plan
 from rules.projection import Projection, apply, fold, index_problems, new_projection
-from rules.table import decide
+from rules.table import RULES_VERSION, decide
 from vendors.routes import DEFAULT_ROUTES
 
 T0 = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
@@ -89,9 +89,19 @@ class History:
             self.created(plan)
 
     # ── raw appends ─────────────────────────────────────────────────────────────────────────────────
-    def append(self, event: Any, dedup_key: str | None = None, operation_key: str | None = None) -> History:
+    def append(
+        self,
+        event: Any,
+        dedup_key: str | None = None,
+        operation_key: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> History:
+        """Append ``event`` (``extra``: payload fields the ledger adds as it writes, e.g. a route or a
+        pressure reading)."""
         seq = len(self.events) + 1
         new = to_new(event, dedup_key=dedup_key or f"{self.task_id}:{seq}", operation_key=operation_key)
+        if extra:
+            new = new.model_copy(update={"payload": {**new.payload, **extra}})
         self.now += timedelta(seconds=1)
         self.events.append(new.stored(self.task_id, seq, 1, self.now))
         if self._view is None:
@@ -126,7 +136,13 @@ class History:
         self.plan = plan
         return self.append(TaskCreated(plan=plan), dedup_key=f"{self.task_id}:created")
 
-    def intent(self, action: Action, rule: str = "R11", reservation: Decimal | None = None) -> History:
+    def intent(
+        self,
+        action: Action,
+        rule: str = "R11",
+        reservation: Decimal | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> History:
         """An INTENT as the workflow writes it (a Dispatch reserves its estimate unless told otherwise)."""
         if reservation is None:
             reservation = action.estimate if isinstance(action, Dispatch) else Decimal(0)
@@ -135,11 +151,19 @@ class History:
         self._intents += 1
         watermark = len(self.events)
         intent = Intent(
-            action=action, rule=rule, watermark=watermark, decided_at=self.now, reservation=reservation
+            action=action,
+            rule=rule,
+            watermark=watermark,
+            decided_at=self.now,
+            reservation=reservation,
+            rules=RULES_VERSION,
         )
         op = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
         return self.append(
-            intent, dedup_key=f"{self.task_id}:intent:{watermark}:{self._intents}", operation_key=op
+            intent,
+            dedup_key=f"{self.task_id}:intent:{watermark}:{self._intents}",
+            operation_key=op,
+            extra=extra,
         )
 
     def dispatch(self, node: str, attempt: int | None = None, reservation: Decimal | None = None) -> History:
@@ -263,9 +287,10 @@ class History:
         return self.append(PartialResolution(node=node, resolution=resolution))
 
     # ── the rules in the loop ───────────────────────────────────────────────────────────────────────
-    def record(self, rule: str, action: Action) -> History:
-        """Record a decided action the way the workflow does: the INTENT and, if any, its effect event."""
-        self.intent(action, rule=rule)
+    def record(self, rule: str, action: Action, extra: dict[str, Any] | None = None) -> History:
+        """Record a decided action the way the workflow does: the INTENT (with ``extra`` payload fields, as
+        its executor's append adds them) and, if any, its effect event."""
+        self.intent(action, rule=rule, extra=extra)
         if (effect := effect_of(action)) is not None:
             self.append(effect[1])
         return self

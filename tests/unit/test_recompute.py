@@ -115,24 +115,24 @@ def _retagged(h: History, node: str, version: int) -> tuple[list[StoredEvent], i
 
 def test_an_intent_is_recomputed_with_the_table_version_it_records() -> None:
     h = _chain_history()
-    events, seq = _retagged(h, "b", 2)
-    with registered(2, _dispatches_a_before_b):
+    events, seq = _retagged(h, "b", 3)
+    with registered(3, _dispatches_a_before_b):
         found = audit_decisions(events)
     assert [str(d) for d in found.divergences] == [
         f"seq {seq}: recorded R11 Dispatch(b), recomputed R9 SuspendForHuman"
     ]
-    assert found.today == ()  # today's table (v1) is the one that would have dispatched b
-    assert audit_decisions(events).divergences[0].recomputed == "nothing: rule table v2 is not registered"
+    assert found.today == ()  # today's table (v2) is the one that would have dispatched b
+    assert audit_decisions(events).divergences[0].recomputed == "nothing: rule table v3 is not registered"
 
 
 def test_where_today_s_table_decides_otherwise_it_is_reported_apart_not_as_a_divergence() -> None:
-    h = _chain_history()  # every INTENT recorded by v1
-    with registered(2, _dispatches_a_before_b, as_today=True):
+    h = _chain_history()  # every INTENT recorded by v2
+    with registered(3, _dispatches_a_before_b, as_today=True):
         found = audit_decisions(h.events)
     assert found.ok and found.decisions == len([e for e in h.events if e.type == "Intent"])
     [differs] = found.today
-    assert str(differs).endswith("recorded R11 Dispatch(b), recomputed R9 SuspendForHuman (today's v2)")
-    assert table_versions.today()[0] == 1 and table_versions.table(2) is None  # the block restored both
+    assert str(differs).endswith("recorded R11 Dispatch(b), recomputed R9 SuspendForHuman (today's v3)")
+    assert table_versions.today()[0] == 2 and table_versions.table(3) is None  # the block restored both
 
 
 # ── the LLM's decisions ──────────────────────────────────────────────────────────────────────────────

@@ -98,35 +98,35 @@ async def test_a_rule_changed_on_purpose_is_a_divergence_naming_the_seq_and_both
         task = await run_pipeline(lf, sim, n)
     events = lf.recorder.read_events(task)
     motion = next(e for e in events if e.type == "Intent" and e.payload["action"].get("node") == "motion")
-    assert motion.payload["rules"] == 1  # what the workflow records: today's RULES_VERSION
+    assert motion.payload["rules"] == 2  # what the workflow records: today's RULES_VERSION
 
-    def v2(p: Projection, now: datetime) -> tuple[str, Action] | None:
-        """Version 2 of the table: a person approves the motion stage before it is dispatched."""
+    def v3(p: Projection, now: datetime) -> tuple[str, Action] | None:
+        """Version 3 of the table: a person approves the motion stage before it is dispatched."""
         decided = decide(p, now)
         if decided is not None and isinstance(decided[1], Dispatch) and decided[1].node == "motion":
-            return "R9", ask_person(p, "v2: motion needs a person first")
+            return "R9", ask_person(p, "v3: motion needs a person first")
         return decided
 
-    # The ledger is append-only: the INTENT is re-tagged as decided by v2 in a copy, in memory.
+    # The ledger is append-only: the INTENT is re-tagged as decided by v3 in a copy, in memory.
     tampered = [
-        e.model_copy(update={"payload": {**e.payload, "rules": 2}}) if e.seq == motion.seq else e
+        e.model_copy(update={"payload": {**e.payload, "rules": 3}}) if e.seq == motion.seq else e
         for e in events
     ]
-    with registered(2, v2):
+    with registered(3, v3):
         found = audit_decisions(tampered)
         [d] = found.divergences
         assert (d.seq, d.recorded, d.recomputed) == (motion.seq, "R11 Dispatch(motion)", "R9 SuspendForHuman")
         assert str(d) == f"seq {motion.seq}: recorded R11 Dispatch(motion), recomputed R9 SuspendForHuman"
-        # Today's table is still v1, which decided exactly that: nothing to report apart.
+        # Today's table is still v2, which decided exactly that: nothing to report apart.
         assert found.today == ()
-    # Were v2 today's table, the untouched record recomputes (each INTENT with v1, its own), and the audit
+    # Were v3 today's table, the untouched record recomputes (each INTENT with v2, its own), and the audit
     # says apart, without failing, where today's table would decide differently.
-    with registered(2, v2, as_today=True):
+    with registered(3, v3, as_today=True):
         clean = audit_decisions(events)
     assert clean.ok
     [today] = clean.today
     assert (today.seq, today.recorded) == (motion.seq, "R11 Dispatch(motion)")
-    assert today.recomputed == "R9 SuspendForHuman (today's v2)"
+    assert today.recomputed == "R9 SuspendForHuman (today's v3)"
     # --all's shape: one line per task with a problem, then the total.
     audited = [TaskAudit(task, clean, accounts=[]), TaskAudit("tampered", found, accounts=[])]
     lines = Audit(audited, every=True).lines()

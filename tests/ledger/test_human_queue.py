@@ -1,0 +1,86 @@
+"""The shared queue of open human requests (``human_queue``) is kept by the writes that open and close them,
+and a dispatch's INTENT reads its project's count in its own fencing statement (rules.pressure)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from ledger.recorder import Recorder
+from rules.actions import Dispatch, Escalate, HumanDecisionType, HumanRequest, RequestKind, SuspendForHuman
+from rules.envelope import NewEvent
+from rules.events import HumanDecision, Intent, MarkerKind, SystemMarker, to_new
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def task(recorder: Recorder, project: str) -> tuple[str, int]:
+    tid = f"hq-{uuid.uuid4().hex[:10]}"
+    epoch = recorder.take_lease(tid, "test")
+    recorder.open_budget(tid, [(f"project:{project}", None), (f"task:{tid}", Decimal(100))])
+    return tid, epoch
+
+
+def intent(tid: str, n: int, action) -> NewEvent:
+    key = action.operation_key if isinstance(action, Dispatch) else None
+    event = Intent(action=action, rule="R9", watermark=n, decided_at=NOW)
+    return to_new(event, dedup_key=f"{tid}:intent:{n}", operation_key=key)
+
+
+def ask(tid: str, n: int, rid: str) -> NewEvent:
+    request = HumanRequest(
+        id=rid, kind=RequestKind.APPROVAL, reason="approve", options=(HumanDecisionType.APPROVE,)
+    )
+    return intent(tid, n, SuspendForHuman(request=request))
+
+
+def dispatch(tid: str, n: int) -> NewEvent:
+    op = f"{tid}:shots/S{n:02d}:a1"
+    return intent(
+        tid,
+        n,
+        Dispatch(node=f"shots/S{n:02d}", attempt=1, operation_key=op, executor="motion", estimate=Decimal(1)),
+    )
+
+
+def test_requests_enter_the_queue_with_their_intent_and_leave_with_a_decision_or_a_timeout(
+    recorder: Recorder,
+) -> None:
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    tid, epoch = task(recorder, project)
+    recorder.append_fenced(tid, epoch, [ask(tid, 1, "approval:a:v1"), ask(tid, 2, "approval:b:v1")])
+    assert recorder.human_queue()[f"project:{project}"] == 2
+
+    decided = HumanDecision(request_id="approval:a:v1", decision=HumanDecisionType.APPROVE, approver="d")
+    recorder.append_idempotent(tid, to_new(decided, dedup_key=f"{tid}:resolution:a"))
+    assert recorder.human_queue()[f"project:{project}"] == 1
+    # A repeat of the decision writes nothing, and changes nothing.
+    recorder.append_idempotent(tid, to_new(decided, dedup_key=f"{tid}:resolution:a"))
+    timeout = SystemMarker(kind=MarkerKind.TIMEOUT, request_id="approval:b:v1")
+    recorder.append_idempotent(tid, to_new(timeout, dedup_key=f"{tid}:resolution:b"))
+    assert f"project:{project}" not in recorder.human_queue()
+
+
+def test_a_task_that_ends_takes_its_open_requests_out_of_the_queue(recorder: Recorder) -> None:
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    tid, epoch = task(recorder, project)
+    recorder.append_fenced(tid, epoch, [ask(tid, 1, "approval:a:v1"), ask(tid, 2, "dead_letter:b:a1")])
+    recorder.append_fenced(tid, epoch, [intent(tid, 3, Escalate(reason="aborted by d", terminal=True))])
+    assert f"project:{project}" not in recorder.human_queue()
+
+
+def test_a_dispatchs_intent_records_its_projects_load_read_in_the_same_append(recorder: Recorder) -> None:
+    project, other = f"p-{uuid.uuid4().hex[:8]}", f"p-{uuid.uuid4().hex[:8]}"
+    asking, epoch = task(recorder, project)
+    recorder.append_fenced(asking, epoch, [ask(asking, n, f"approval:n{n}:v1") for n in range(1, 4)])
+    elsewhere, e2 = task(recorder, other)
+    recorder.append_fenced(elsewhere, e2, [ask(elsewhere, 1, "approval:x:v1")])
+
+    tid, epoch = task(recorder, project)
+    (row,) = recorder.append_fenced(
+        tid, epoch, [dispatch(tid, 1)], reserve=Decimal(1), pressure=(f"project:{project}", 2)
+    )
+    assert row.payload["pressure"] == {"load": 3, "capacity": 2}  # its project's three, not the other's
+    (plain,) = recorder.append_fenced(tid, epoch, [dispatch(tid, 2)], reserve=Decimal(1))
+    assert "pressure" not in plain.payload  # backpressure off: nothing read, nothing recorded

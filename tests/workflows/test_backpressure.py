@@ -1,0 +1,96 @@
+"""Backpressure end to end: while a project's people hold more open requests than they can, a fan-out of
+another task in that project widens one node per finished node instead of opening at full width; every
+dispatch's INTENT records the reading it was written with, and the decisions recompute from the ledger.
+Real Temporal, real Postgres, the simulator."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ledger.recorder import Recorder
+from rules.pressure import Reading
+from rules.recompute import recompute
+
+WAITING = """
+goal: two approvals nobody answers yet
+project: {project}
+budget_ceiling: 20
+approval: {{timeout: 1h, policy: escalate}}
+stages:
+  - {{id: board, executor: llm.text, estimate: 1, fan_out: 2, canary: false, approval: true}}
+"""
+FAN_OUT = """
+goal: a six-wide fan-out
+project: {project}
+budget_ceiling: 40
+concurrency: 6
+stages:
+  - {{id: script, executor: llm.text, estimate: 1}}
+  - {{id: shots, executor: video.motion, estimate: 1, depends_on: [script], fan_out: 6, canary: false}}
+"""
+
+
+def peak_in_flight(recorder: Recorder, task_id: str, stage: str) -> tuple[int, list[int]]:
+    """The most operations of ``stage`` in flight at once, by the ledger's own order (INTENT to result), and
+    how many were in flight as each INTENT was written."""
+    running: set[str] = set()
+    at_intent, peak = [], 0
+    for e in recorder.read_events(task_id):
+        key = e.operation_key or ""
+        if f":{stage}/" not in key:
+            continue
+        if e.type == "Intent":
+            running.add(key)
+            at_intent.append(len(running))
+            peak = max(peak, len(running))
+        elif e.type in ("Outcome", "Failure"):
+            running.discard(key)
+    return peak, at_intent
+
+
+async def test_over_capacity_a_fan_out_widens_one_node_per_finished_node(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    project = f"bp-{uuid.uuid4().hex[:8]}"
+    await sim.configure(executors={"video.motion": {"latency_seconds": 0.3}})
+    async with lf_with(human_capacity=1) as lf:
+        waiting = await lf.start(lf.plan(WAITING.format(project=project)))
+        await lf.wait_state(waiting, {"WaitingHuman"})
+        assert recorder.human_queue()[f"project:{project}"] == 2  # twice what its people hold
+
+        plan = lf.plan(FAN_OUT.format(project=project))
+        result = await lf.run(plan)
+        await waiting.terminate("test over")
+
+    assert result.state == "Completed"
+    peak, at_intent = peak_in_flight(recorder, plan.task_id, "shots")
+    assert at_intent[0] == 1 and peak == 3  # 1, then 2, then capped at 6 × 1 / 2 = 3 (full width: 6)
+    shots = [
+        e
+        for e in recorder.read_events(plan.task_id)
+        if e.type == "Intent" and ":shots/" in str(e.operation_key)
+    ]
+    assert {Reading.from_payload(e.payload) for e in shots} == {Reading(2, 1)}
+    assert (
+        "backpressure: 2 open requests for people who hold 1: 1 of 6 in flight"
+        in shots[0].payload["action"]["reason"]
+    )
+    assert recompute(recorder.read_events(plan.task_id)) == []
+
+
+async def test_under_capacity_the_same_fan_out_opens_at_full_width(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    project = f"bp-{uuid.uuid4().hex[:8]}"
+    await sim.configure(executors={"video.motion": {"latency_seconds": 0.3}})
+    async with lf_with(human_capacity=2) as lf:
+        waiting = await lf.start(lf.plan(WAITING.format(project=project)))
+        await lf.wait_state(waiting, {"WaitingHuman"})
+        plan = lf.plan(FAN_OUT.format(project=project))
+        result = await lf.run(plan)
+        await waiting.terminate("test over")
+
+    assert result.state == "Completed"
+    peak, _ = peak_in_flight(recorder, plan.task_id, "shots")
+    assert peak == 6
