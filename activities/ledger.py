@@ -45,9 +45,10 @@ class AppendInput(BaseModel):
     epoch: int
     events: list[NewEvent]
     after: int
-    reserve: Decimal = Decimal(
-        0
-    )  # admitted on every budget scope in the same transaction, or nothing is written
+    # Admitted on every budget scope in the same transaction, or nothing is written (``overdraw``: reserved
+    # even past a ceiling — a failed task's compensation, which must not wait on money).
+    reserve: Decimal = Decimal(0)
+    overdraw: bool = False
 
 
 class MarkInput(BaseModel):
@@ -104,7 +105,9 @@ class LedgerActivities:
     def append(self, inp: AppendInput) -> list[StoredEvent]:
         """Fenced append of the run's own events (an INTENT and its immediate effect)."""
         try:
-            self.recorder.append_fenced(inp.task_id, inp.epoch, inp.events, reserve=inp.reserve)
+            self.recorder.append_fenced(
+                inp.task_id, inp.epoch, inp.events, reserve=inp.reserve, overdraw=inp.overdraw
+            )
             mark("intent_recorded", task=inp.task_id, op=inp.events[0].operation_key or "")
         except StaleEpoch as e:
             raise _stale(e) from e

@@ -37,6 +37,7 @@ from ledger.recorder import Recorder, Routing
 from media import MediaInvalid, MediaProbe, probe
 from reconcile.operations import Next, OperationState, after_lookup, operation_state, reconcile, stop_step
 from reconcile.watchdog import StallWatch
+from rules.actions import OPERATION_KINDS
 from rules.checks import claim_disagrees, output_problems
 from rules.envelope import StoredEvent
 from rules.events import ArtifactRef, FailureKind, MarkerKind, Media, Outcome
@@ -721,7 +722,7 @@ class StageActivities:
             and result.payload.get("kind") == MarkerKind.VOID
         )
         intent = next((e for e in op_events if e.type == "Intent"), None)
-        if not void or intent is None or intent.payload["action"].get("kind") != "Dispatch":
+        if not void or intent is None or intent.payload["action"].get("kind") not in OPERATION_KINDS:
             return 0
         assert result is not None
         state = operation_state(op_events, result.recorded_at)  # as it stood when it was voided

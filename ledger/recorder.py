@@ -525,6 +525,7 @@ class Recorder:
         unless: str | None = None,
         routing: Routing | None = None,
         pressure: tuple[str, int] | None = None,
+        overdraw: bool = False,
     ) -> list[StoredEvent]:
         """Append ``events`` atomically with consecutive seqs, if ``epoch`` is still the task's current one.
 
@@ -539,9 +540,11 @@ class Recorder:
 
         An empty ``events`` still checks the fence. With ``reserve > 0`` the same transaction also reserves
         that amount on every budget scope of the task, if it fits all of them (``ceiling IS NULL OR
-        spent + reserved + reserve <= ceiling``); otherwise nothing at all is written. With ``unless`` the
-        write happens only while no event holds that dedup key, checked under the lease row's lock that every
-        write of the task takes (an executor's INTENT is never written after its task began closing).
+        spent + reserved + reserve <= ceiling``); otherwise nothing at all is written. With ``overdraw`` it
+        is reserved even past a ceiling (a failed task's compensation: an undo never waits on money). With
+        ``unless`` the write happens only while no event holds that dedup key, checked under the lease row's
+        lock that every write of the task takes (an executor's INTENT is never written after its task began
+        closing).
 
         Raises:
             TaskNotFound: The task has no lease.
@@ -597,7 +600,7 @@ class Recorder:
                         else []
                     )
                     if amount:
-                        _reserve(conn, task_id, fence[1], amount)
+                        _reserve(conn, task_id, fence[1], amount, check=not overdraw)
                     _track_queue(conn, task_id, events)
             except sa_exc.IntegrityError as e:
                 if _constraint(e) != DEDUP_CONSTRAINT:
@@ -1062,10 +1065,12 @@ def _lock_accounts(conn: Connection, task_id: str, scopes: list[str] | None) -> 
     return accounts
 
 
-def _reserve(conn: Connection, task_id: str, scopes: list[str] | None, amount: Decimal) -> None:
-    """Reserve ``amount`` on every scope, or raise BudgetRefused for the first it does not fit."""
+def _reserve(
+    conn: Connection, task_id: str, scopes: list[str] | None, amount: Decimal, *, check: bool = True
+) -> None:
+    """Reserve ``amount`` on every scope, or raise BudgetRefused for the first it does not fit (``check``)."""
     for a in _lock_accounts(conn, task_id, scopes):
-        if a.ceiling is not None and a.spent + a.reserved + amount > a.ceiling:
+        if check and a.ceiling is not None and a.spent + a.reserved + amount > a.ceiling:
             raise BudgetRefused(a.scope, a.ceiling, a.spent, a.reserved, amount)
     conn.execute(_ADD_RESERVED, {"b_scopes": scopes, "b_amount": amount})
 

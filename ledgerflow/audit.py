@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from ledger.recorder import Recorder
-from rules.actions import Dispatch
+from rules.actions import Compensate, Dispatch
 from rules.envelope import StoredEvent
 from rules.events import (
     ExecutionResult,
@@ -140,7 +140,7 @@ def operations(task_id: str, events: Iterable[StoredEvent]) -> dict[str, Operati
             continue
         event = parse(e)
         match event:
-            case Intent(action=Dispatch() as d):
+            case Intent(action=Dispatch() | Compensate() as d):
                 ops.setdefault(d.operation_key, Operation(task_id, d.operation_key, d.node, d.executor))
             case Outcome():
                 op = ops[event.operation_key]

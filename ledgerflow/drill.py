@@ -31,6 +31,7 @@ from rich.table import Table
 
 from ledgerflow import client as lf
 from ledgerflow import stack
+from rules.actions import OPERATION_KINDS
 from rules.events import vendor_spend
 from rules.keys import is_result_key
 from rules.projection import fold
@@ -413,5 +414,5 @@ async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: li
         resolved = {e.operation_key for e in events if is_result_key(e.dedup_key)}
         report.ledger_total += vendor_spend(events)
         for e in events:
-            if e.type == "Intent" and e.operation_key and e.payload["action"]["kind"] == "Dispatch":
+            if e.type == "Intent" and e.operation_key and e.payload["action"]["kind"] in OPERATION_KINDS:
                 report.orphaned_intents += e.operation_key not in resolved

@@ -42,13 +42,13 @@ from rules.dag import Graph
 from rules.envelope import StoredEvent
 from rules.events import Escalation, ExecutionResult, Intent, Outcome, parse, vendor_spend
 from rules.projection import fold
-from rules.table import RULES
+from rules.table import ENDING_RULES, RULES
 from runtime.settings import Settings
 from workflows.contracts import PROJECT, STATE, TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 
 SETTLED = frozenset({"Completed", "Failed", "Escalated"})
-RULE_NAMES = {r.id: r.name for r in RULES}
+RULE_NAMES = {r.id: r.name for r in (*RULES, *ENDING_RULES)}
 POOL_WAIT = "QueuePool limit"  # SQLAlchemy's message when a checkout waited out pool_timeout
 START_CONCURRENCY = 32  # workflow starts in flight at once
 

@@ -1,4 +1,5 @@
-"""What the decision loop can do: five action types plus Wait (and Complete, the happy terminal).
+"""What the decision loop can do: five action types plus Wait (and Complete, the happy terminal, and
+Compensate, which undoes an output in a failed task's compensating phase).
 
 Actions are frozen pydantic models in a discriminated union on ``kind``, so an action recorded in an INTENT
 (or proposed by an LLM) is parsed back into exactly one of them or refused.
@@ -111,6 +112,21 @@ class StaticGate(_Action):
     operation_key: str
 
 
+class Compensate(_Action):
+    """Undo one output of a terminal task (its stage's compensation): an operation like a dispatch, with its
+    own INTENT and key, run in the task's compensating phase before its end state is final."""
+
+    kind: Literal["Compensate"] = "Compensate"
+    node: str  # the node whose output it undoes
+    compensates: str  # that output's operation key
+    attempt: int = Field(ge=1)
+    operation_key: str
+    executor: str
+    estimate: Decimal = Field(ge=0)
+    input: dict[str, Any] = Field(default_factory=dict)
+    reason: str = ""
+
+
 class Complete(_Action):
     """The review passed on the current composition: the task is Completed."""
 
@@ -126,9 +142,13 @@ class Wait(_Action):
 
 
 Action = Annotated[
-    Dispatch | Rollback | SuspendForHuman | Escalate | StaticGate | Complete | Wait,
+    Dispatch | Rollback | SuspendForHuman | Escalate | StaticGate | Compensate | Complete | Wait,
     Field(discriminator="kind"),
 ]
+
+
+# The actions whose INTENT starts an operation at a vendor (its own key, one result): what money checks count.
+OPERATION_KINDS = frozenset({"Dispatch", "Compensate"})
 
 
 def executor_activity(executor: str) -> str:

@@ -27,6 +27,11 @@ def gate_key(task_id: str, stage: str, input_version: int) -> str:
     return f"{task_id}:{stage}:gate{input_version}"
 
 
+def compensation_key(op: str, attempt: int) -> str:
+    """The n-th attempt to undo the output of operation ``op`` (its stage's compensation)."""
+    return f"{op}:undo{attempt}"
+
+
 def result_key(op: str) -> str:
     """An operation's one resolution, shared by Outcome, Failure and the void marker: the first one wins."""
     return f"{op}:{RESULT}"

@@ -190,6 +190,21 @@ class OutputSpec(_Strict):
     min_height: Pixels | None = None
 
 
+class Compensation(_Strict):
+    """What undoes a stage's output when the task is aborted or fails after the stage succeeded (publish →
+    unpublish, upload → delete): one recorded operation per output the vendor made, each with its own INTENT,
+    in the task's compensating phase before its end state is final (rules.table, R12).
+
+    Its request is ``input`` plus ``compensates`` (the output's operation key, node, vendor job id and
+    sha256). Its reservation is never refused for money: an undo must not wait on a budget that ran out.
+    """
+
+    executor: str = Field(min_length=1, max_length=64)
+    input: dict[str, Any] = Field(default_factory=dict)
+    estimate: Amount = Decimal(0)
+    retries: int = Field(default=2, ge=0, le=20)
+
+
 class Stage(_Strict):
     """One business stage. With ``fan_out`` it expands into one node per item (e.g. one per shot)."""
 
@@ -210,6 +225,7 @@ class Stage(_Strict):
     # Data inputs by name: an upstream stage (item to item between fan-outs of one width), or a list of them
     # (every output, in order). None: each direct dependency's output under its id (rules.inputs).
     inputs: dict[Ident, Ident | tuple[Ident, ...]] | None = Field(default=None, max_length=50)
+    compensation: Compensation | None = None
 
     @model_validator(mode="after")
     def _fan_out_bounds(self) -> Stage:
@@ -438,6 +454,8 @@ def _check_routes(plan: Plan, routes: Routes) -> None:
     for s in plan.stages:
         if s.executor not in routes.executors:
             raise PlanError(f"stage {s.id!r}: executor {s.executor!r} has no route")
+        if s.compensation is not None and s.compensation.executor not in routes.executors:
+            raise PlanError(f"stage {s.id!r}: compensation executor {s.compensation.executor!r} has no route")
         if s.reviewer is not None and s.reviewer not in routes.reviewers:
             raise PlanError(f"stage {s.id!r}: reviewer {s.reviewer!r} has no mapping")
     for r in plan.review.reviewers:

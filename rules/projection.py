@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, assert_never
+from typing import Any, Final, assert_never
 
 from rules.actions import (
+    Compensate,
     Complete,
     Dispatch,
     Escalate,
@@ -52,6 +53,9 @@ from rules.pressure import Reading
 
 # Voids (provably never sent) a node may have per round before they count against its attempts.
 FREE_VOIDS = 3
+# Failures retried automatically (with the error in the next request); any other asks a person (or, for an
+# undo in a terminal task's compensating phase, ends it).
+RETRYABLE: Final = frozenset({FailureKind.TECHNICAL, FailureKind.STALLED, FailureKind.INVALID_OUTPUT})
 
 
 class TaskState(StrEnum):
@@ -60,6 +64,7 @@ class TaskState(StrEnum):
     WAITING_HUMAN = "WaitingHuman"
     REPAIRING = "Repairing"
     ESCALATED = "Escalated"
+    COMPENSATING = "Compensating"  # failed or aborted: its outputs are being undone before it is Failed
     COMPLETED = "Completed"
     FAILED = "Failed"
 
@@ -156,6 +161,24 @@ class NodeView:
 
 
 @dataclass(slots=True)
+class CompensationView:
+    """One output a compensable stage made at the vendor (rules.plan.Compensation), and its undoing."""
+
+    node: str
+    compensates: str  # the output's operation key
+    seq: int  # its Outcome's seq: a terminal task undoes its outputs newest first
+    job_id: str | None
+    sha256: str | None
+    attempts: int = 0
+    voided: int = 0  # attempts provably never sent: they do not count against the retries (up to FREE_VOIDS)
+    operation_key: str | None = None  # the current attempt's
+    in_flight: bool = False
+    done: bool = False
+    failures: list[FailureInfo] = field(default_factory=list)
+    retry_at: datetime | None = None
+
+
+@dataclass(slots=True)
 class RequestView:
     request: HumanRequest
     opened_seq: int
@@ -235,13 +258,17 @@ class Projection:
     provisional: dict[str, Intent] = field(default_factory=dict)
     # The latest reading of the project's human load an INTENT of this task recorded (rules.pressure).
     pressure: Reading | None = None
+    # Outputs of compensable stages, by their operation key, and each attempt to undo one: its key -> the
+    # output's key (rules.table R12).
+    compensations: dict[str, CompensationView] = field(default_factory=dict)
+    compensating: dict[str, str] = field(default_factory=dict)
 
     @property
     def state(self) -> TaskState:
         if self.completed:
             return TaskState.COMPLETED
         if self.terminal_reason is not None:
-            return TaskState.FAILED
+            return TaskState.COMPENSATING if self.uncompensated() else TaskState.FAILED
         open_kinds = {r.request.kind for r in self.requests.values() if r.open}
         if RequestKind.ESCALATION in open_kinds:
             return TaskState.ESCALATED
@@ -256,6 +283,22 @@ class Projection:
     @property
     def terminal(self) -> bool:
         return self.completed or self.terminal_reason is not None
+
+    def gave_up_undoing(self, view: CompensationView) -> bool:
+        """Whether an output's undoing stopped for good: a failure no retry fixes, or its attempts used up."""
+        last = view.failures[-1] if view.failures else None
+        if last is not None and last.kind not in RETRYABLE:
+            return True
+        spec = self.graph.nodes[view.node].stage.compensation
+        retries = spec.retries if spec is not None else 0
+        return view.attempts - min(view.voided, FREE_VOIDS) >= retries + 1 and not view.in_flight
+
+    def uncompensated(self) -> list[CompensationView]:
+        """A terminal (not completed) task's outputs still to undo or being undone, newest first."""
+        if self.completed or self.terminal_reason is None:
+            return []
+        left = (v for v in self.compensations.values() if not v.done and not self.gave_up_undoing(v))
+        return sorted(left, key=lambda v: -v.seq)
 
     def in_flight(self) -> list[NodeView]:
         """The nodes with an operation in flight, in node order."""
@@ -346,6 +389,16 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             if node is None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
+            if (undone := p.compensating.get(event.operation_key)) is not None:
+                view = p.compensations[undone]
+                view.in_flight, view.done = False, True
+                return
+            stage = p.graph.nodes[node.id].stage
+            if stage.compensation is not None and event.reused_from is None:
+                # Made at the vendor (not a reuse): a failed task undoes it (R12).
+                p.compensations[event.operation_key] = CompensationView(
+                    node.id, event.operation_key, stored.seq, event.job_id, event.artifact.sha256
+                )
             if event.operation_key == node.operation_key and node.status not in (NodeStatus.STALE,):
                 node.status = NodeStatus.SUCCEEDED
                 node.artifact = event.artifact.model_dump()
@@ -366,6 +419,12 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             if node is None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
+            if (undone := p.compensating.get(event.operation_key)) is not None:
+                view = p.compensations[undone]
+                view.in_flight = False
+                view.failures.append(FailureInfo(view.attempts, event.kind, event.error, stored.recorded_at))
+                view.retry_at = stored.recorded_at + backoff(view.attempts, event.operation_key)
+                return
             stage = p.graph.nodes[node.id].stage.id
             gate = p.gate_pending.get(stage)
             if gate is not None and event.operation_key == gate.operation_key:
@@ -466,6 +525,13 @@ def _apply_intent(p: Projection, e: Intent, seq: int) -> None:
             p.reserved += e.reservation
         case StaticGate() as g:
             p.gate_pending[p.graph.nodes[g.node].stage.id] = g
+        case Compensate() as c:
+            view = p.compensations[c.compensates]
+            view.attempts, view.operation_key = c.attempt, c.operation_key
+            view.in_flight, view.retry_at = True, None
+            p.compensating[c.operation_key] = c.compensates
+            p.reservations[c.operation_key] = e.reservation
+            p.reserved += e.reservation
         case SuspendForHuman() as s:
             _open_request(p, s.request, seq)
         case Escalate() as esc:
@@ -519,6 +585,12 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
         r = p.requests[e.request_id]
         if r.open and r.backup_deadline is None and r.request.deadline is not None:
             r.backup_deadline = r.request.deadline + timedelta(seconds=p.plan.approval.backup_seconds)
+    elif e.kind == MarkerKind.VOID and e.operation_key in p.compensating:
+        view = p.compensations[p.compensating[e.operation_key]]
+        if view.in_flight and view.operation_key == e.operation_key:
+            p.reserved -= p.reservations.pop(e.operation_key, Decimal(0))
+            view.in_flight = False
+            view.voided += 1  # never sent: decided again, and it does not count against the retries
     elif e.kind == MarkerKind.VOID and e.node in p.nodes:
         node = p.nodes[e.node]
         stage = p.graph.nodes[e.node].stage.id
@@ -737,6 +809,21 @@ def summary(p: Projection) -> dict[str, Any]:
             }
             for n in p.nodes.values()
         },
+        **(
+            {
+                "compensations": {
+                    v.compensates: {
+                        "node": v.node,
+                        "state": _undo_state(p, v),
+                        "attempts": v.attempts,
+                        "last_error": v.failures[-1].error if v.failures else None,
+                    }
+                    for v in p.compensations.values()
+                }
+            }
+            if p.compensations
+            else {}
+        ),
         "open_requests": [
             {
                 "id": r.request.id,
@@ -751,3 +838,11 @@ def summary(p: Projection) -> dict[str, Any]:
             if r.open
         ],
     }
+
+
+def _undo_state(p: Projection, v: CompensationView) -> str:
+    if v.done:
+        return "undone"
+    if p.gave_up_undoing(v):
+        return "gave up"
+    return "in flight" if v.in_flight else "due"

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from rules.actions import (
     Action,
+    Compensate,
     Complete,
     Dispatch,
     Escalate,
@@ -29,17 +30,15 @@ from rules.actions import (
     Wait,
 )
 from rules.admission import admits
-from rules.events import FailureKind, MarkerKind, Verdict
+from rules.events import MarkerKind, Verdict
 from rules.inputs import input_hash, reference, sources
-from rules.keys import gate_key, operation_key
+from rules.keys import compensation_key, gate_key, operation_key
 from rules.people import context_package
 from rules.plan import REVIEW, TimeoutPolicy
 from rules.pressure import describe as describe_pressure
 from rules.pressure import width as pressure_width
-from rules.projection import NodeStatus, NodeView, Projection
+from rules.projection import RETRYABLE, CompensationView, FailureInfo, NodeStatus, NodeView, Projection
 
-# Retried automatically (with the error in the next request); anything else, or exhaustion, asks a person.
-_RETRYABLE: Final = frozenset({FailureKind.TECHNICAL, FailureKind.STALLED, FailureKind.INVALID_OUTPUT})
 _RESUME_OPTIONS: Final = (HumanDecisionType.RESUME, HumanDecisionType.ADD_BUDGET, HumanDecisionType.ABORT)
 
 
@@ -169,7 +168,7 @@ def _retryable(p: Projection, now: datetime) -> list[NodeView]:
         last = n.last_failure
         if (
             last is not None
-            and last.kind in _RETRYABLE
+            and last.kind in RETRYABLE
             and not p.exhausted(n.id)
             and n.retry_at is not None
             and now >= n.retry_at
@@ -205,7 +204,7 @@ def _needs_person(p: Projection, now: datetime) -> tuple[NodeView, RequestKind, 
         last = n.last_failure
         if n.status != NodeStatus.FAILED or last is None or n.dead_letter is not None:
             continue
-        if last.kind not in _RETRYABLE:
+        if last.kind not in RETRYABLE:
             return n, RequestKind.DEAD_LETTER, f"{n.id} failed ({last.kind.value}): {last.error[:300]}"
         if p.exhausted(n.id):
             tries = n.attempts - n.round_base
@@ -338,6 +337,50 @@ def _squeezed(p: Projection, n: NodeView) -> str | None:
     return describe_pressure(full, allowed, p.pressure) if allowed < full else None
 
 
+# R12 (a terminal task) ─────────────────────────────────────────────────────────────────────────────
+def _undo_next(p: Projection, now: datetime) -> CompensationView | None:
+    """The output to undo now: the newest still to undo, one at a time (a saga undoes in reverse order), once
+    its retry time came."""
+    left = p.uncompensated()
+    if not left or any(v.in_flight for v in left):
+        return None
+    newest = left[0]
+    return newest if newest.retry_at is None or now >= newest.retry_at else None
+
+
+def _compensate_when(p: Projection, now: datetime) -> bool:
+    return _undo_next(p, now) is not None
+
+
+def _compensate_then(p: Projection, now: datetime) -> Action:
+    v = _undo_next(p, now)
+    assert v is not None
+    spec = p.graph.nodes[v.node].stage.compensation
+    assert spec is not None
+    attempt = v.attempts + 1
+    request: dict[str, Any] = {
+        **spec.input,
+        "compensates": {
+            "operation_key": v.compensates,
+            "node": v.node,
+            "job_id": v.job_id,
+            "sha256": v.sha256,
+        },
+    }
+    if v.failures:
+        request["feedback"] = {"previous_errors": _previous_errors(v.failures)}
+    return Compensate(
+        node=v.node,
+        compensates=v.compensates,
+        attempt=attempt,
+        operation_key=compensation_key(v.compensates, attempt),
+        executor=spec.executor,
+        estimate=spec.estimate,
+        input=request,
+        reason=f"undo {v.node}'s output {v.compensates}: {(p.terminal_reason or '')[:300]}",
+    )
+
+
 def _input_version(p: Projection, node: str) -> int:
     return max((p.nodes[d].artifact_seq for d in p.graph.nodes[node].deps), default=0)
 
@@ -436,12 +479,15 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
         feedback["review_findings"] = list(n.rework_findings)
         feedback["rework_round"] = n.rework_round
     if n.failures:
-        feedback["previous_errors"] = [
-            f"attempt {f.attempt} ({f.kind.value}): {f.error[:300]}" for f in n.failures[-3:]
-        ]
+        feedback["previous_errors"] = _previous_errors(n.failures)
     if feedback:
         request["feedback"] = feedback
     return request
+
+
+def _previous_errors(failures: list[FailureInfo]) -> list[str]:
+    """The last attempts' errors, as the next request carries them (a content failure never resent as is)."""
+    return [f"attempt {f.attempt} ({f.kind.value}): {f.error[:300]}" for f in failures[-3:]]
 
 
 def _refs(p: Projection, src: str | list[str]) -> dict[str, Any] | list[dict[str, Any]] | None:
@@ -480,15 +526,28 @@ RULES: Final[tuple[Rule, ...]] = (
 )
 
 
+# A terminal task's rules: its compensating phase, before its end state is final.
+ENDING_RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        "R12",
+        "compensate",
+        _compensate_when,
+        _compensate_then,
+        "failed or aborted: undo each compensable output, newest first, before the end state is final",
+    ),
+)
+
+
 def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """The first matching rule's id and action, or Wait, or None (ask the LLM).
 
     Wait when no rule matches but something will change without the loop acting: work in flight, a gate
     running, a retry backing off, a person's answer pending. None only when nothing matches and nothing is
-    pending: a genuinely open question. A terminal task has nothing to decide: callers check ``p.terminal``.
+    pending: a genuinely open question. A terminal task decides only its compensating phase
+    (``ENDING_RULES``): None there means its end state is final.
     """
     if p.terminal:
-        return None
+        return _ending(p, now)
     for rule in RULES:
         if rule.when(p, now):
             return rule.id, rule.then(p, now)
@@ -501,6 +560,17 @@ def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
     if pending:
         return "wait", Wait(until=next_deadline(p, now))
     return None
+
+
+def _ending(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    for rule in ENDING_RULES:
+        if rule.when(p, now):
+            return rule.id, rule.then(p, now)
+    left = p.uncompensated()
+    if not left:
+        return None
+    retry = [v.retry_at for v in left if not v.in_flight and v.retry_at is not None and v.retry_at > now]
+    return "wait", Wait(until=min(retry) if retry else None)
 
 
 def past_deadline(p: Projection, now: datetime) -> list[tuple[str, str | None, MarkerKind]]:

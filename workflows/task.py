@@ -54,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
         StageInput,
         SweepInput,
     )
-    from rules.actions import Action, Dispatch, StaticGate, Wait, executor_activity
+    from rules.actions import Action, Compensate, Dispatch, StaticGate, Wait, executor_activity
     from rules.envelope import NewEvent, StoredEvent
     from rules.events import (
         Failure,
@@ -122,6 +122,8 @@ UI_STORY = "ui-story-v1"
 # hands over to a new run that re-opens the task from the ledger (takes the next epoch, adopts whatever is
 # still open, which after the drain is nothing but a crashed worker's leftovers).
 CONTINUE_AS_NEW = "continue-as-new-v1"
+# A failed or aborted task undoes its compensable outputs (rules.table R12) before its end state is final.
+COMPENSATION = "compensation-v1"
 DECISION_BATCH = 100
 # Ledger events per local activity result when a run reads a long ledger (opening, refolding): an event is at
 # most ~20 kB (a Decision's raw output), so a page stays under Temporal's 2 MB payload limit.
@@ -247,7 +249,10 @@ class TaskWorkflow:
             # command replay expects); a timer left pending simply ends with the workflow.
             alarm.cancel()
         await self._stop_in_flight(p)
-        if any(n.voided for n in p.nodes.values()) and workflow.patched(OPERATION_CLOSE):
+        if p.uncompensated() and workflow.patched(COMPENSATION):
+            await self._compensate(p)
+        voided = any(n.voided for n in p.nodes.values()) or any(v.voided for v in p.compensations.values())
+        if voided and workflow.patched(OPERATION_CLOSE):
             # A voided operation was proven absent at the vendor; a job created for its key even later still
             # cost money: look for it once more before the task's books close.
             sweep = SweepInput(task_id=p.task_id)
@@ -260,6 +265,32 @@ class TaskWorkflow:
         await self._take_decisions(p)
         self._tell(p)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
+
+    async def _compensate(self, p: Projection) -> None:
+        """The compensating phase of a failed or aborted task (rules.table R12), once nothing else is in
+        flight: each compensable output is undone, newest first, by an operation with its own INTENT; the end
+        state is final when none is left (undone, or given up after its retries). The workflow writes these
+        INTENTs itself — the closing marker bars executors from writing any — reserving even past a ceiling.
+        """
+        while True:
+            self._tell(p)
+            now = workflow.now()
+            decided = decide(p, now)
+            if decided is None:
+                return
+            rule, action = decided
+            if isinstance(action, Compensate):
+                self._act(p, await self._record(p, rule, action, decided_at=now))
+                continue
+            assert isinstance(action, Wait)
+            timeout = max(timedelta(0), action.until - now) if action.until is not None else None
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._woken, timeout=timeout)
+            self._woken = False
+            if not self._fold_arrived(p):
+                self._apply(
+                    p, await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+                )
 
     async def _read_all(self, task_id: str, after: int) -> list[StoredEvent]:
         """Every event after ``after``, read in pages of regular activities: each page is its own history
@@ -465,7 +496,7 @@ class TaskWorkflow:
         an audit can recompute the decision. Returns the action actually recorded, which is the one to act on:
         a dispatch whose reservation the ledger refuses becomes an escalation, never acted on.
         """
-        reservation = action.estimate if isinstance(action, Dispatch) else Decimal(0)
+        reservation = action.estimate if isinstance(action, Dispatch | Compensate) else Decimal(0)
         intent = Intent(
             action=action,
             rule=rule,
@@ -476,7 +507,7 @@ class TaskWorkflow:
             rules=RULES_VERSION,
         )
         key = intent_key(p.task_id, p.watermark, p.intents + 1)
-        op_key = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
+        op_key = action.operation_key if isinstance(action, Dispatch | StaticGate | Compensate) else None
         if isinstance(action, Dispatch) and workflow.patched(INTENT_IN_EXECUTOR):
             self._intents_in_executor = True
             self._to_write[action.operation_key] = to_new(intent, dedup_key=key, operation_key=op_key)
@@ -486,7 +517,12 @@ class TaskWorkflow:
         if (effect := effect_of(action)) is not None:
             events.append(to_new(effect[1], dedup_key=effect_key(key, effect[0])))
         append = AppendInput(
-            task_id=p.task_id, epoch=self._epoch, events=events, after=p.watermark, reserve=reservation
+            task_id=p.task_id,
+            epoch=self._epoch,
+            events=events,
+            after=p.watermark,
+            reserve=reservation,
+            overdraw=isinstance(action, Compensate),
         )
         try:
             new = await self._ledger("ledger.append", append)
@@ -587,6 +623,20 @@ class TaskWorkflow:
             )
             activity = executor_activity(action.executor)
             self._start(action.operation_key, action.node, activity, inp)
+        elif isinstance(action, Compensate):
+            undo = StageInput(
+                task_id=p.task_id,
+                node=action.node,
+                operation_key=action.operation_key,
+                attempt=action.attempt,
+                epoch=self._epoch,
+                executor=action.executor,
+                estimate=action.estimate,
+                input=action.input,
+                priority=p.plan.priority,
+                project=p.plan.project,
+            )
+            self._start(action.operation_key, action.node, executor_activity(action.executor), undo)
         elif isinstance(action, StaticGate):
             gate = GateInput(
                 task_id=p.task_id,

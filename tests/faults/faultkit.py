@@ -48,6 +48,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from ledger.recorder import Recorder
+from rules.actions import OPERATION_KINDS
 from rules.envelope import StoredEvent
 from rules.events import vendor_spend
 from rules.plan import Plan, load_plan
@@ -414,7 +415,8 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
 
 # ── invariants ───────────────────────────────────────────────────────────────────────────────────────
 def dispatch_intents(events: Iterable[StoredEvent]) -> list[StoredEvent]:
-    return [e for e in events if e.type == "Intent" and e.payload["action"]["kind"] == "Dispatch"]
+    """The INTENTs that start an operation at a vendor (dispatches, and a failed task's compensations)."""
+    return [e for e in events if e.type == "Intent" and e.payload["action"]["kind"] in OPERATION_KINDS]
 
 
 def resolutions(events: Iterable[StoredEvent]) -> dict[str, StoredEvent]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from rules.actions import (
     Action,
+    Compensate,
     Dispatch,
     HumanDecisionType,
     HumanRequest,
@@ -145,7 +146,7 @@ class History:
     ) -> History:
         """An INTENT as the workflow writes it (a Dispatch reserves its estimate unless told otherwise)."""
         if reservation is None:
-            reservation = action.estimate if isinstance(action, Dispatch) else Decimal(0)
+            reservation = action.estimate if isinstance(action, Dispatch | Compensate) else Decimal(0)
         if isinstance(action, Dispatch | StaticGate):
             self._ops[action.node] = action.operation_key
         self._intents += 1
@@ -158,7 +159,7 @@ class History:
             reservation=reservation,
             rules=RULES_VERSION,
         )
-        op = action.operation_key if isinstance(action, Dispatch | StaticGate) else None
+        op = action.operation_key if isinstance(action, Dispatch | StaticGate | Compensate) else None
         return self.append(
             intent,
             dedup_key=f"{self.task_id}:intent:{watermark}:{self._intents}",

@@ -25,6 +25,9 @@ REQUIRED = {
     "test_a_deadline_already_past_when_the_loop_comes_to_wait_is_marked_at_once",
     "test_add_budget_raises_the_project_scope_that_refused",
     "test_a_task_is_found_by_its_search_attributes_and_its_activities_are_named",
+    # v3: a failed task's compensating phase (compensation-v1), a fan-out under backpressure
+    "test_an_aborted_task_unpublishes_what_it_published_before_it_is_failed",
+    "test_over_capacity_a_fan_out_widens_one_node_per_finished_node",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 

@@ -1,0 +1,91 @@
+"""Compensation end to end: a task aborted after its compensable stage published undoes each published
+output at the vendor — newest first, each an operation with its own INTENT — while its state is
+Compensating, and only then is Failed. Money exact by the vendor's billing; the history replays. Real
+Temporal, real Postgres, the simulator."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import httpx
+from peoplekit import wait_open
+
+from ledger.recorder import Recorder
+from ledgerflow import people
+from ledgerflow.audit import audit
+from rules.events import vendor_spend
+from rules.projection import fold
+from runtime.signing import demo_key
+from vendors.routes import RouteSpec, RouteTable
+
+PLAN = """
+goal: publish two clips, then a person aborts
+project: {project}
+budget_ceiling: 20
+approval: {{timeout: 1h, policy: escalate}}
+stages:
+  - {{id: publish, executor: {pub}, estimate: 1, fan_out: 2, canary: false,
+      compensation: {{executor: {unpub}, estimate: 0.5, input: {{action: unpublish}}}}}}
+  - {{id: board, executor: {pub}, estimate: 1, depends_on: [publish], approval: true}}
+"""
+
+
+async def test_an_aborted_task_unpublishes_what_it_published_before_it_is_failed(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    u = uuid.uuid4().hex[:8]
+    pub, unpub = f"pub-{u}", f"unpub-{u}"
+    await sim.configure(executors={unpub: {"latency_seconds": 0.5}})
+    routes = RouteTable(routes={pub: RouteSpec(), unpub: RouteSpec()})
+    async with lf_with(routes=routes) as lf:
+        plan = lf.plan(PLAN.format(project=f"cp-{u}", pub=pub, unpub=unpub))
+        handle = await lf.start(plan)
+        rid = await wait_open(lf, plan.task_id, "approval:board")
+        sent = await people.decide(lf.settings, demo_key("producer"), plan.task_id, rid, "abort")
+        assert sent.status == "accepted"
+        status = await lf.wait_state(handle, {"Compensating"})  # aborted, not final yet
+        assert status["terminal_reason"] == "aborted by producer"
+        result = await handle.result()
+        report = await audit(lf.settings, lf.recorder, lf.client, [plan.task_id], billing=True)
+
+    assert result.state == "Failed"
+    assert {v["state"] for v in result.summary["compensations"].values()} == {"undone"}
+    events = recorder.read_events(plan.task_id)
+    p = fold(events)
+    published = sorted(
+        (
+            e
+            for e in events
+            if e.type == "Outcome" and re.fullmatch(r".*:publish/S0\d:a1", str(e.operation_key))
+        ),
+        key=lambda e: e.seq,
+    )
+    undos = [e for e in events if e.type == "Intent" and e.payload["action"]["kind"] == "Compensate"]
+    aborted = next(e for e in events if e.type == "Intent" and e.payload["action"]["kind"] == "Escalate")
+    # Each published output undone once, newest first, after the abort was recorded.
+    assert [u.payload["action"]["compensates"] for u in undos] == [
+        e.operation_key for e in reversed(published)
+    ]
+    assert all(u.seq > aborted.seq for u in undos) and all(v.done for v in p.compensations.values())
+
+    # At the vendor: one unpublish job per published job, naming it.
+    charges = await sim.charges(f"{plan.task_id}:")
+    keys = [c["idempotency_key"] for c in charges]
+    assert len(keys) == len(set(keys)), "a key was charged twice"
+    jobs = {c["job_id"]: c for c in charges}
+    undone = {
+        httpx.get(f"{sim.url}/admin/jobs/{j}").json()["input"]["compensates"]["job_id"]
+        for j, c in jobs.items()
+        if c["executor"] == unpub
+    }
+    assert undone == {e.payload["job_id"] for e in published}
+    assert vendor_spend(events) == await sim.total(f"{plan.task_id}:")
+    assert recorder.account(f"task:{plan.task_id}").reserved == 0  # type: ignore[union-attr]
+    # The audit: every decision (the compensating phase's too) recomputes, the accounts match, the history
+    # replays, and each vendor charge is matched to its operation (the undos included).
+    assert report.ok, report.lines()
+    [audited] = report.tasks
+    assert audited.replay is not None and audited.replay.replayed == 1
+    assert audited.billing is not None and (audited.billing.matched, audited.billing.operations) == (5, 5)
