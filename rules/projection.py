@@ -390,11 +390,10 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
             if (undone := p.compensating.get(event.operation_key)) is not None:
-                view = p.compensations[undone]
-                view.in_flight, view.done = False, True
+                undo = p.compensations[undone]
+                undo.in_flight, undo.done = False, True
                 return
-            stage = p.graph.nodes[node.id].stage
-            if stage.compensation is not None and event.reused_from is None:
+            if p.graph.nodes[node.id].stage.compensation is not None and event.reused_from is None:
                 # Made at the vendor (not a reuse): a failed task undoes it (R12).
                 p.compensations[event.operation_key] = CompensationView(
                     node.id, event.operation_key, stored.seq, event.job_id, event.artifact.sha256
@@ -420,10 +419,10 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
             if (undone := p.compensating.get(event.operation_key)) is not None:
-                view = p.compensations[undone]
-                view.in_flight = False
-                view.failures.append(FailureInfo(view.attempts, event.kind, event.error, stored.recorded_at))
-                view.retry_at = stored.recorded_at + backoff(view.attempts, event.operation_key)
+                undo = p.compensations[undone]
+                undo.in_flight = False
+                undo.failures.append(FailureInfo(undo.attempts, event.kind, event.error, stored.recorded_at))
+                undo.retry_at = stored.recorded_at + backoff(undo.attempts, event.operation_key)
                 return
             stage = p.graph.nodes[node.id].stage.id
             gate = p.gate_pending.get(stage)
@@ -526,9 +525,9 @@ def _apply_intent(p: Projection, e: Intent, seq: int) -> None:
         case StaticGate() as g:
             p.gate_pending[p.graph.nodes[g.node].stage.id] = g
         case Compensate() as c:
-            view = p.compensations[c.compensates]
-            view.attempts, view.operation_key = c.attempt, c.operation_key
-            view.in_flight, view.retry_at = True, None
+            undo = p.compensations[c.compensates]
+            undo.attempts, undo.operation_key = c.attempt, c.operation_key
+            undo.in_flight, undo.retry_at = True, None
             p.compensating[c.operation_key] = c.compensates
             p.reservations[c.operation_key] = e.reservation
             p.reserved += e.reservation
@@ -586,11 +585,11 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
         if r.open and r.backup_deadline is None and r.request.deadline is not None:
             r.backup_deadline = r.request.deadline + timedelta(seconds=p.plan.approval.backup_seconds)
     elif e.kind == MarkerKind.VOID and e.operation_key in p.compensating:
-        view = p.compensations[p.compensating[e.operation_key]]
-        if view.in_flight and view.operation_key == e.operation_key:
+        undo = p.compensations[p.compensating[e.operation_key]]
+        if undo.in_flight and undo.operation_key == e.operation_key:
             p.reserved -= p.reservations.pop(e.operation_key, Decimal(0))
-            view.in_flight = False
-            view.voided += 1  # never sent: decided again, and it does not count against the retries
+            undo.in_flight = False
+            undo.voided += 1  # never sent: decided again, and it does not count against the retries
     elif e.kind == MarkerKind.VOID and e.node in p.nodes:
         node = p.nodes[e.node]
         stage = p.graph.nodes[e.node].stage.id
