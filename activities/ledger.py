@@ -84,7 +84,11 @@ class LedgerActivities:
             try:
                 validate_plan(inp.plan.model_dump(mode="json", exclude_unset=True), self.routes)
             except PlanError as e:
-                raise ApplicationError(f"invalid plan: {e}", type="PlanInvalid", non_retryable=True) from None
+                # PlanError names the part at fault ("stage 'a': …", "plan: …"): say "plan" once.
+                problem = str(e).removeprefix("plan: ")
+                raise ApplicationError(
+                    f"invalid plan: {problem}", type="PlanInvalid", non_retryable=True
+                ) from None
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id, limit=None if inp.limit is None else inp.limit + 1)

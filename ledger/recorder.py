@@ -299,7 +299,15 @@ _EPOCH_NOW_BREAKER: Final = select(task_leases.c.epoch, func.clock_timestamp(), 
 _OBSERVE: Final = (
     route_observations.insert()
     .values(route=bindparam("b_route"), kind=bindparam("b_kind"), operation_key=bindparam("b_key"))
-    .returning(_BREAKER_ROW, func.clock_timestamp())
+    .returning(_BREAKER_ROW, func.clock_timestamp(), route_observations.c.id)
+)
+# Observations older than any window of the route are never read again: every PRUNE_EVERY-th insert deletes
+# the route's rows older than twice its widest window (at least RETAIN_OBSERVATIONS), by the route's index.
+PRUNE_EVERY: Final = 500
+RETAIN_OBSERVATIONS: Final = timedelta(hours=1)
+_PRUNE_OBSERVATIONS: Final = delete(route_observations).where(
+    route_observations.c.route == bindparam("b_route"),
+    route_observations.c.recorded_at < bindparam("b_before"),
 )
 _WINDOW: Final = text(
     "SELECT"
@@ -853,7 +861,12 @@ class Recorder:
         that calls for it (a failure rate reached, a probe's or canary's result); returns the change logged
         (``opened``, ``closed``, ``canary_passed`` …) or None. Most observations are one statement."""
         with _translated(), self._engine.begin() as conn:
-            row, now = conn.execute(_OBSERVE, {"b_route": route, "b_kind": what.value, "b_key": key}).one()
+            row, now, seq = conn.execute(
+                _OBSERVE, {"b_route": route, "b_kind": what.value, "b_key": key}
+            ).one()
+            if seq % PRUNE_EVERY == 0:
+                keep = max(RETAIN_OBSERVATIONS, 2 * timedelta(seconds=policy.widest_s))
+                conn.execute(_PRUNE_OBSERVATIONS, {"b_route": route, "b_before": now - keep})
             h = _health(route, row)
             counted = what in FAILURES or what == Observation.REVIEW_FAIL
             if not (counted or (key is not None and key in (h.probe_key, h.canary_key))):
@@ -861,14 +874,13 @@ class Recorder:
             for _ in range(3):
                 window = Window()
                 if counted and h.state == BreakerState.CLOSED:
-                    widest = max(policy.window_s, policy.quality_window_s)
                     calls, failures, reviews, passed = conn.execute(
                         _WINDOW,
                         {
                             "route": route,
                             "now": now,
                             "calls": timedelta(seconds=policy.window_s),
-                            "widest": timedelta(seconds=widest),
+                            "widest": timedelta(seconds=policy.widest_s),
                         },
                     ).one()
                     window = Window(calls, failures, reviews, passed)

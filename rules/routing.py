@@ -64,6 +64,11 @@ class BreakerPolicy:
     quality_min_reviews: int = 4
     quality_pass_rate: float = 0.5  # a first-pass review rate below this trips it
 
+    @property
+    def widest_s(self) -> float:
+        """The longest window any count of this route reads back."""
+        return max(self.window_s, self.quality_window_s)
+
 
 @dataclass(frozen=True)
 class Health:

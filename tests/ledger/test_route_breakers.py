@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
+import sqlalchemy as sa
 
 from ledger.errors import RouteWaiting
-from ledger.recorder import Recorder, Routing
+from ledger.recorder import PRUNE_EVERY, Recorder, Routing
 from rules.envelope import NewEvent
 from rules.routing import BreakerPolicy, BreakerState, Candidate, Observation, recompute
 
@@ -230,3 +231,33 @@ def test_a_freed_slot_goes_to_the_hero_task_though_the_background_one_asked_firs
     assert (
         quota_dispatch(recorder, hero, ehero, 1, route, limit=1, priority="hero")["route_quota"]["ahead"] == 0
     )
+
+
+def test_observations_older_than_every_window_are_pruned_as_new_ones_arrive(
+    recorder: Recorder, pg_url: str
+) -> None:
+    route, _ = names()
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO route_observations (route, kind, recorded_at)"
+                    " VALUES (:r, 'ok', clock_timestamp() - interval '3 hours')"
+                ),
+                {"r": route},
+            )
+        for i in range(PRUNE_EVERY):  # some insert among the next PRUNE_EVERY takes an id divisible by it
+            recorder.observe(route, Observation.OK, f"k{i}", POLICY)  # widest window 1 h: 2 h kept
+        with engine.connect() as conn:
+            old, recent = conn.execute(
+                sa.text(
+                    "SELECT count(*) FILTER (WHERE recorded_at < clock_timestamp() - interval '2 hours'),"
+                    " count(*) FILTER (WHERE recorded_at >= clock_timestamp() - interval '2 hours')"
+                    " FROM route_observations WHERE route = :r"
+                ),
+                {"r": route},
+            ).one()
+    finally:
+        engine.dispose()
+    assert (old, recent) == (0, PRUNE_EVERY)

@@ -37,7 +37,7 @@ def _raw(**change: object) -> dict[str, object]:
         ),
         (
             _raw(budget_ceiling="0.5", stages=[{"id": "a", "executor": "llm.text", "estimate": "1"}]),
-            "budget_ceiling 0.5 is below the plan's estimated total 1.10",
+            "invalid plan: budget_ceiling 0.5 is below the plan's estimated total 1.10",
         ),
     ],
     ids=["cycle", "unknown-route", "over-budget"],
