@@ -14,6 +14,7 @@ import httpx
 from metricskit import ROOT, free_port, scrape, worker_process
 from temporalio.client import Client
 
+from ledger.recorder import Recorder
 from rules.plan import load_plan
 from vendors.routes import DEFAULT_ROUTES
 from workflows.contracts import TaskInput, workflow_id
@@ -92,7 +93,12 @@ def test_metric_names_are_extracted_from_promql() -> None:
 
 
 async def test_the_worker_serves_both_kinds_of_metrics_and_every_dashboard_query_names_one(
-    temporal: Client, pg_url: str, simulator_url: str, sim_key: str, tmp_path: Path
+    temporal: Client,
+    pg_url: str,
+    simulator_url: str,
+    sim_key: str,
+    tmp_path: Path,
+    recorder: Recorder,  # the ledger's schema (the worker never runs DDL)
 ) -> None:
     port, queue = free_port(), f"q-{uuid.uuid4().hex[:10]}"
     env = {
