@@ -30,7 +30,7 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from temporalio import activity
 
@@ -95,6 +95,9 @@ class Operation:
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
         self.breaker: Health | None = None  # the route's shared row, as ``open`` read it
+        # Set when this attempt's charge says the route's billing is off (no usable figure, or far above the
+        # estimate): the route's breaker counts it as a failed call (rules.routing: cost anomalies).
+        self.billing_off: str | None = None
         bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
@@ -292,12 +295,15 @@ class Operation:
         the reserved estimate. Never zero for a charge that happened.
         """
         if amount.amount is None:
+            self.billing_off = f"no usable cost figure: {amount.anomaly}"
             await self.anomaly(f"{amount.anomaly}: counted at the estimate {self.estimate}", "figure")
             return self.estimate
         if amount.anomaly:
             await self.anomaly(amount.anomaly, "figure")
         if amount.amount > self.estimate:
             why = f"actual {amount.amount} above the reserved estimate {self.estimate}"
+            if self.estimate > 0 and amount.amount > BILLING_OFF_FACTOR * self.estimate:
+                self.billing_off = why
             await self.anomaly(why, "above_estimate")
         return amount.amount
 
@@ -368,6 +374,11 @@ async def heartbeating() -> AsyncIterator[Heartbeat]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+# A charge above this many times its estimate is the route's billing gone wrong (a price change, a runaway
+# job), not rounding: its breaker counts it as a failed call. Sub-cent figures rounded up stay mere anomalies.
+BILLING_OFF_FACTOR: Final = 2
 
 
 async def recorded(

@@ -183,7 +183,7 @@ class StageActivities:
             except VendorUnavailable as e:
                 await self._observe(inp, _unavailable(e))
                 raise
-            await self._observe(inp, _told(result))
+            await self._observe(inp, Observation.ANOMALY if op.billing_off else _told(result))
             return result
         except AlreadyResolved:
             # The operation was resolved while this attempt worked (the task's end closed it, or another

@@ -148,3 +148,26 @@ async def test_a_route_quota_holds_across_tasks_and_every_task_completes(
         running += step
         peak = max(peak, running)
     assert peak == 2  # never more than the quota in flight, and the quota was used
+
+
+async def test_a_route_billing_far_above_its_estimates_trips_its_breaker_like_failed_calls(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    primary, backup = names()
+    # The primary answers every call, but bills three times the estimate: a price gone wrong.
+    await sim.configure(executors={primary: {"cost_multiplier": "3"}})
+    recorder.record_qualification(backup, True, "regression passed", {"scores": [0.9]}, "test")
+    async with lf_with(routes=outage_routes(primary, backup)) as lf:
+        plan = lf.plan(PLAN.format(goal="billing", concurrency=2, primary=primary, width=6))
+        result = await lf.run(plan)
+
+    assert result.state == "Completed"
+    (opened,) = [c for c in recorder.route_changes(primary) if c["kind"] == "opened"]
+    assert re.fullmatch(r"(\d+) of \1 calls failed in 60s", opened["reason"])
+    assert recorder.observations(primary).get("anomaly", 0) >= 2
+    routed = intents(recorder, plan.task_id)
+    on_primary = [i for i in routed if i.payload["route"] == primary]
+    # min_calls (2) tripled bills open it; a dispatch or two may be chosen while those are being observed
+    assert 2 <= len(on_primary) <= 4 and len(routed) - len(on_primary) >= 2  # the rest on the fallback
+    charges = await check_money(sim, recorder, plan.task_id)  # every charge, the tripled ones too
+    assert sorted({c["executor"] for c in charges}) == sorted({primary, backup})
