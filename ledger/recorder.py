@@ -80,6 +80,7 @@ from rules.envelope import NewEvent, StoredEvent
 from rules.keys import is_result_key, key_fraction
 from rules.money import MONEY_SCALE, parse_amount
 from rules.pressure import Reading, queue_changes
+from rules.projection import fold
 from rules.routing import (
     FAILURES,
     BreakerPolicy,
@@ -938,6 +939,32 @@ class Recorder:
             return [dict(r) for r in conn.execute(q).mappings().all()]
 
     # --- the approver key registry (rules.approvers) -------------------------------------------------------
+
+    def sync_human_queue(self, task_id: str) -> int:
+        """Make the task's rows of ``human_queue`` what its ledger says — its open requests, none once it
+        ended — and return how many rows that changed. For a database upgraded to 0004 with requests already
+        open, and as a repair. Runs under the task's lease row lock, which every write of the task takes, so
+        no request opens or closes between the read and the rewrite."""
+        lock = select(task_leases.c.task_id).where(task_leases.c.task_id == task_id).with_for_update()
+        mine = human_queue.c.task_id == task_id
+        with _translated(), self._engine.begin() as conn:
+            if conn.execute(lock).first() is None:
+                raise TaskNotFound(task_id)
+            events = [_stored(r) for r in conn.execute(_READ_EVENTS, {"b_task_id": task_id, "b_after": 0})]
+            p = fold(events) if events else None
+            want = (
+                {}
+                if p is None or p.terminal
+                else {rid: r.request.kind.value for rid, r in p.requests.items() if r.open}
+            )
+            have = dict(conn.execute(select(human_queue.c.request_id, human_queue.c.kind).where(mine)).all())
+            stale = [rid for rid in have if rid not in want]
+            if stale:
+                conn.execute(_QUEUE_CLOSE, {"b_task_id": task_id, "b_requests": stale})
+            missing = [(rid, kind) for rid, kind in want.items() if rid not in have]
+            for rid, kind in missing:
+                conn.execute(_QUEUE_OPEN, {"b_task_id": task_id, "b_request": rid, "b_kind": kind})
+        return len(stale) + len(missing)
 
     def human_queue(self) -> dict[str, int]:
         """Open human requests per project scope (``human_queue``, rules.pressure)."""

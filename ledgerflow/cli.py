@@ -640,6 +640,24 @@ def db_current() -> None:
         raise typer.Exit(1) from None
 
 
+@db_app.command("sync-queue")
+@friendly
+def db_sync_queue() -> None:
+    """Rebuild the shared queue of open human requests (backpressure) from every task's ledger: after an
+    upgrade to schema 0004 with requests already open, or as a repair."""
+    rec = lf.recorder(get_settings())
+    try:
+        tasks = rec.task_ids()
+        changed = sum(rec.sync_human_queue(t) for t in tasks)
+        total = sum(rec.human_queue().values())
+    finally:
+        rec.dispose()
+    out.print(
+        f"human_queue: {len(tasks)} tasks read, {changed} rows changed, {total} open requests",
+        highlight=False,
+    )
+
+
 keys_app = typer.Typer(no_args_is_help=True, help="The approver key registry (public keys; audited).")
 app.add_typer(keys_app, name="keys")
 

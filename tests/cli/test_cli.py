@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [str(Path(sys.executable).parent / "ledgerflow")]  # the installed console script
@@ -177,3 +180,31 @@ def test_a_route_file_is_checked_with_one_line_naming_the_route_and_field(tmp_pa
     assert_one_line_error(
         run(["routes", "check", str(bad)], cwd=tmp_path), "route 'b': a fallback needs a regression"
     )
+
+
+def test_db_sync_queue_rebuilds_the_human_queue_from_the_ledgers(tmp_path, pg_url, recorder):
+    tid = f"sq-{uuid.uuid4().hex[:10]}"
+    recorder.take_lease(tid, "test")
+    recorder.open_budget(tid, [("project:sq", None), (f"task:{tid}", None)])
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.begin() as conn:  # a row no ledger explains (its task never asked anything)
+            conn.execute(
+                sa.text(
+                    "INSERT INTO human_queue (task_id, request_id, kind, scope)"
+                    " VALUES (:t, 'r', 'approval', 'x')"
+                ),
+                {"t": tid},
+            )
+        proc = run(["db", "sync-queue"], env={"LEDGERFLOW_DATABASE_URL": pg_url}, cwd=tmp_path)
+        with engine.connect() as conn:
+            left = conn.execute(
+                sa.text("SELECT count(*) FROM human_queue WHERE task_id = :t"), {"t": tid}
+            ).scalar()
+    finally:
+        engine.dispose()
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(
+        r"human_queue: \d+ tasks read, [1-9]\d* rows changed, \d+ open requests\n", proc.stdout
+    )
+    assert left == 0

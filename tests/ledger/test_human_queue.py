@@ -7,10 +7,14 @@ import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import sqlalchemy as sa
+
 from ledger.recorder import Recorder
 from rules.actions import Dispatch, Escalate, HumanDecisionType, HumanRequest, RequestKind, SuspendForHuman
 from rules.envelope import NewEvent
-from rules.events import HumanDecision, Intent, MarkerKind, SystemMarker, to_new
+from rules.events import HumanDecision, Intent, MarkerKind, SystemMarker, TaskCreated, effect_of, to_new
+from rules.plan import load_plan
+from vendors.routes import DEFAULT_ROUTES
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -84,3 +88,38 @@ def test_a_dispatchs_intent_records_its_projects_load_read_in_the_same_append(re
     assert row.payload["pressure"] == {"load": 3, "capacity": 2}  # its project's three, not the other's
     (plain,) = recorder.append_fenced(tid, epoch, [dispatch(tid, 2)], reserve=Decimal(1))
     assert "pressure" not in plain.payload  # backpressure off: nothing read, nothing recorded
+
+
+def test_sync_rebuilds_a_tasks_rows_from_its_ledger_under_its_lease_lock(
+    recorder: Recorder, pg_url: str
+) -> None:
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    tid, epoch = task(recorder, project)
+    plan = load_plan("goal: g\nbudget_ceiling: 5\nstages:\n  - {id: a, executor: llm.text}\n", DEFAULT_ROUTES)
+    recorder.append_fenced(tid, epoch, [to_new(TaskCreated(plan=plan), dedup_key=f"{tid}:created")])
+    recorder.append_fenced(tid, epoch, [ask(tid, 1, "approval:a:v1"), ask(tid, 2, "approval:b:v1")])
+    # As a database upgraded to 0004 with these requests already open would be, plus a row nothing explains.
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM human_queue WHERE task_id = :t"), {"t": tid})
+            conn.execute(
+                sa.text(
+                    "INSERT INTO human_queue (task_id, request_id, kind, scope)"
+                    " VALUES (:t, 'x', 'approval', :s)"
+                ),
+                {"t": tid, "s": f"project:{project}"},
+            )
+    finally:
+        engine.dispose()
+    assert recorder.sync_human_queue(tid) == 3  # two missing rows written, one stale row deleted
+    assert recorder.human_queue()[f"project:{project}"] == 2
+    assert recorder.sync_human_queue(tid) == 0  # already what the ledger says
+
+    aborted = Escalate(reason="aborted by d", terminal=True)
+    effect = effect_of(aborted)
+    assert effect is not None
+    recorder.append_fenced(
+        tid, epoch, [intent(tid, 3, aborted), to_new(effect[1], dedup_key=f"{tid}:effect:3")]
+    )
+    assert recorder.sync_human_queue(tid) == 0 and f"project:{project}" not in recorder.human_queue()
