@@ -2,9 +2,9 @@
 
 ``human_queue``: one row per request a person has not answered yet (task, request id, kind, the task's project
 scope), written in the transaction of the event that opens or closes it. A dispatch's INTENT reads its
-project's count in its fencing statement. Idempotent like the baseline (IF NOT EXISTS). The queue starts empty:
-requests already open when a database is upgraded are added by ``ledgerflow db sync-queue`` (from each task's
-ledger; also a repair).
+project's count in its fencing statement. Idempotent like the baseline (IF NOT EXISTS). The queue starts
+empty: requests already open when a database is upgraded are added by ``ledgerflow db sync-queue`` (from each
+task's ledger; also a repair).
 
 Revision ID: 0004
 Revises: 0003
