@@ -600,8 +600,8 @@ class TaskWorkflow:
 
     # ── acting ───────────────────────────────────────────────────────────────────────────────────────
     def _act(self, p: Projection, action: Action) -> None:
-        if isinstance(action, Dispatch):
-            stage = p.graph.nodes[action.node].stage
+        if isinstance(action, Dispatch | Compensate):
+            # A compensation is an operation like a dispatch: same executor, no node bounds, INTENT on record.
             inp = StageInput(
                 task_id=p.task_id,
                 node=action.node,
@@ -611,32 +611,11 @@ class TaskWorkflow:
                 executor=action.executor,
                 estimate=action.estimate,
                 input=action.input,
-                stall_after=stage.stall_after,
-                output=stage.output,
-                input_hash=action.input_hash,
-                reuse=action.reuse,
-                reuse_project=p.plan.project if p.plan.reuse == "project" else None,
-                intent=self._to_write.pop(action.operation_key, None),
-                priority=p.plan.priority,
-                deadline=self._ceiling_at,
-                project=p.plan.project,
-            )
-            activity = executor_activity(action.executor)
-            self._start(action.operation_key, action.node, activity, inp)
-        elif isinstance(action, Compensate):
-            undo = StageInput(
-                task_id=p.task_id,
-                node=action.node,
-                operation_key=action.operation_key,
-                attempt=action.attempt,
-                epoch=self._epoch,
-                executor=action.executor,
-                estimate=action.estimate,
-                input=action.input,
                 priority=p.plan.priority,
                 project=p.plan.project,
+                **(self._dispatch_only(p, action) if isinstance(action, Dispatch) else {}),
             )
-            self._start(action.operation_key, action.node, executor_activity(action.executor), undo)
+            self._start(action.operation_key, action.node, executor_activity(action.executor), inp)
         elif isinstance(action, StaticGate):
             gate = GateInput(
                 task_id=p.task_id,
@@ -646,6 +625,20 @@ class TaskWorkflow:
                 epoch=self._epoch,
             )
             self._start(action.operation_key, action.node, "gate.run", gate)
+
+    def _dispatch_only(self, p: Projection, action: Dispatch) -> dict[str, Any]:
+        """What a dispatch's executor gets beyond a compensation's: the node's bounds, reuse, the INTENT to
+        write, the task's deadline."""
+        stage = p.graph.nodes[action.node].stage
+        return {
+            "stall_after": stage.stall_after,
+            "output": stage.output,
+            "input_hash": action.input_hash,
+            "reuse": action.reuse,
+            "reuse_project": p.plan.project if p.plan.reuse == "project" else None,
+            "intent": self._to_write.pop(action.operation_key, None),
+            "deadline": self._ceiling_at,
+        }
 
     def _start(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
         self._started.add(op_key)

@@ -49,48 +49,38 @@ def peak_in_flight(recorder: Recorder, task_id: str, stage: str) -> tuple[int, l
     return peak, at_intent
 
 
-async def test_over_capacity_a_fan_out_widens_one_node_per_finished_node(
-    lf_with: Any, sim: Any, recorder: Recorder
-) -> None:
+async def run_fan_out(lf_with: Any, sim: Any, capacity: int) -> str:
+    """Another task of the project holds two approvals; then a six-wide fan-out runs with people who hold
+    ``capacity`` requests. Returns the fan-out task's id."""
     project = f"bp-{uuid.uuid4().hex[:8]}"
     await sim.configure(executors={"video.motion": {"latency_seconds": 0.3}})
-    async with lf_with(human_capacity=1) as lf:
+    async with lf_with(human_capacity=capacity) as lf:
         waiting = await lf.start(lf.plan(WAITING.format(project=project)))
         await lf.wait_state(waiting, {"WaitingHuman"})
-        assert recorder.human_queue()[f"project:{project}"] == 2  # twice what its people hold
-
+        assert lf.recorder.human_queue()[f"project:{project}"] == 2
         plan = lf.plan(FAN_OUT.format(project=project))
         result = await lf.run(plan)
         await waiting.terminate("test over")
-
     assert result.state == "Completed"
-    peak, at_intent = peak_in_flight(recorder, plan.task_id, "shots")
+    return str(plan.task_id)
+
+
+async def test_over_capacity_a_fan_out_widens_one_node_per_finished_node(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    task_id = await run_fan_out(lf_with, sim, capacity=1)  # two open requests: twice what its people hold
+    peak, at_intent = peak_in_flight(recorder, task_id, "shots")
     assert at_intent[0] == 1 and peak == 3  # 1, then 2, then capped at 6 × 1 / 2 = 3 (full width: 6)
-    shots = [
-        e
-        for e in recorder.read_events(plan.task_id)
-        if e.type == "Intent" and ":shots/" in str(e.operation_key)
-    ]
+    events = recorder.read_events(task_id)
+    shots = [e for e in events if e.type == "Intent" and ":shots/" in str(e.operation_key)]
     assert {Reading.from_payload(e.payload) for e in shots} == {Reading(2, 1)}
-    assert (
-        "backpressure: 2 open requests for people who hold 1: 1 of 6 in flight"
-        in shots[0].payload["action"]["reason"]
-    )
-    assert recompute(recorder.read_events(plan.task_id)) == []
+    reason = shots[0].payload["action"]["reason"]
+    assert "backpressure: 2 open requests for people who hold 1: 1 of 6 in flight" in reason
+    assert recompute(events) == []
 
 
 async def test_under_capacity_the_same_fan_out_opens_at_full_width(
     lf_with: Any, sim: Any, recorder: Recorder
 ) -> None:
-    project = f"bp-{uuid.uuid4().hex[:8]}"
-    await sim.configure(executors={"video.motion": {"latency_seconds": 0.3}})
-    async with lf_with(human_capacity=2) as lf:
-        waiting = await lf.start(lf.plan(WAITING.format(project=project)))
-        await lf.wait_state(waiting, {"WaitingHuman"})
-        plan = lf.plan(FAN_OUT.format(project=project))
-        result = await lf.run(plan)
-        await waiting.terminate("test over")
-
-    assert result.state == "Completed"
-    peak, _ = peak_in_flight(recorder, plan.task_id, "shots")
-    assert peak == 6
+    task_id = await run_fan_out(lf_with, sim, capacity=2)
+    assert peak_in_flight(recorder, task_id, "shots")[0] == 6
