@@ -36,8 +36,9 @@ class StageInput(BaseModel):
     # Its place in a full route's queue (rules.routing.rank): the plan's priority and the task's deadline.
     priority: str = "standard"
     deadline: datetime | None = None
-    # The plan's project: the dispatch's INTENT reads that project's open human requests (rules.pressure).
-    project: str = ""
+    # A failed task's compensation (rules.table R12): not held back by its route's breaker, and a finished job
+    # that names no file is recorded with its receipt.
+    undo: bool = False
 
 
 class CloseInput(BaseModel):

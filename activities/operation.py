@@ -95,8 +95,8 @@ class Operation:
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
         self.breaker: Health | None = None  # the route's shared row, as ``open`` read it
-        # Set when this attempt's charge says the route's billing is off (no usable figure, or far above the
-        # estimate): the route's breaker counts it as a failed call (rules.routing: cost anomalies).
+        # Set when this attempt's own job was billed far above its estimate: the route's breaker counts the
+        # call as a failed one (rules.routing: cost anomalies).
         self.billing_off: str | None = None
         bind(task_id, node, key, epoch, route)
 
@@ -288,21 +288,21 @@ class Operation:
             activity.logger.info("result already recorded: %s stands", _result_name(stored))
         return stored
 
-    async def settle_cost(self, amount: VendorAmount) -> Decimal:
+    async def settle_cost(self, amount: VendorAmount, *, own_job: bool = False) -> Decimal:
         """The cost to record for a vendor's figure: the figure made money, or the estimate if unusable.
 
         Whatever is odd about the figure becomes a cost anomaly holding the raw value; so does a cost above
-        the reserved estimate. Never zero for a charge that happened.
+        the reserved estimate. Never zero for a charge that happened. ``own_job``: the figure is this
+        attempt's finished job's, so one far above the estimate marks the route's billing as off.
         """
         if amount.amount is None:
-            self.billing_off = f"no usable cost figure: {amount.anomaly}"
             await self.anomaly(f"{amount.anomaly}: counted at the estimate {self.estimate}", "figure")
             return self.estimate
         if amount.anomaly:
             await self.anomaly(amount.anomaly, "figure")
         if amount.amount > self.estimate:
             why = f"actual {amount.amount} above the reserved estimate {self.estimate}"
-            if self.estimate > 0 and amount.amount > BILLING_OFF_FACTOR * self.estimate:
+            if own_job and self.estimate > 0 and amount.amount > BILLING_OFF_FACTOR * self.estimate:
                 self.billing_off = why
             await self.anomaly(why, "above_estimate")
         return amount.amount
@@ -377,7 +377,8 @@ async def heartbeating() -> AsyncIterator[Heartbeat]:
 
 
 # A charge above this many times its estimate is the route's billing gone wrong (a price change, a runaway
-# job), not rounding: its breaker counts it as a failed call. Sub-cent figures rounded up stay mere anomalies.
+# job), not rounding: its breaker counts it as a failed call. Sub-cent figures rounded up, and figures a
+# vendor does not report (counted at the estimate), stay mere cost anomalies.
 BILLING_OFF_FACTOR: Final = 2
 
 
@@ -386,7 +387,7 @@ async def recorded(
     inp: StageInput,
     body: Callable[[], Awaitable[StoredEvent]],
     routing: Routing | None = None,
-    pressure: tuple[str, int] | None = None,
+    human_capacity: int | None = None,
 ) -> StoredEvent | list[StoredEvent]:
     """An executor activity's whole run for a dispatch whose INTENT it writes (``inp.intent``; None: the
     workflow wrote it, and the body's result is returned as before).
@@ -402,8 +403,9 @@ async def recorded(
 
     With ``routing`` the same append chooses the operation's route (rules.routing: the primary, a qualified
     fallback, or RouteWaiting — nothing written, asked again later); the body reads it with ``chosen_route``.
-    An operation keeps its route for life: a retry finds it in its INTENT. With ``pressure`` (the project's
-    scope and its people's capacity) the same append reads and records the human load (rules.pressure).
+    An operation keeps its route for life: a retry finds it in its INTENT. With ``human_capacity`` (how many
+    open requests the project's people hold) the same append reads and records the human load
+    (rules.pressure).
     """
     intent, task_id = inp.intent, inp.task_id
     bound = logs.current()
@@ -423,7 +425,7 @@ async def recorded(
                 reserve=inp.estimate,
                 unless=closing_key(task_id),
                 routing=routing,
-                pressure=pressure,
+                human_capacity=human_capacity,
             )
             mark("intent_recorded", task=task_id, op=intent.operation_key)
             activity.logger.info("INTENT recorded, %s reserved", inp.estimate)

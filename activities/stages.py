@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import time
@@ -132,8 +133,8 @@ class StageActivities:
     async def run(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Write the dispatch's INTENT (where the workflow left it to the executor), then run (or resume) the
         attempt; returns the operation's rows (or, for an INTENT the workflow wrote, its resolution)."""
-        pressure = (f"project:{inp.project}", self.human_capacity) if self.human_capacity else None
-        return await recorded(self.recorder, inp, lambda: self._run(inp), self._routing(inp), pressure)
+        capacity = self.human_capacity or None  # 0: backpressure off, nothing read
+        return await recorded(self.recorder, inp, lambda: self._run(inp), self._routing(inp), capacity)
 
     def _routing(self, inp: StageInput) -> Routing | None:
         """A vendor route's dispatch is routed (its breaker, its fallbacks); local work is not."""
@@ -169,9 +170,11 @@ class StageActivities:
             state = await op.open()
             if state.result is not None:
                 return state.result  # a retry after the result was written: nothing left to do
-            if (moved := _not_serving(op, state)) is not None:
+            if not inp.undo and (moved := _not_serving(op, state)) is not None:
                 # Its route stopped serving before anything of it was accepted: give the node back to the
                 # loop, free (a void), and its next dispatch is routed afresh — to a fallback, or it waits.
+                # Not an undo: it has no fallback, and cleaning up a failed task must not wait for a breaker
+                # (a route that is really down fails the undo's calls, and they are retried).
                 return await op.void(moved)
             # Heartbeat all along (verifying inputs, a long synchronous call, a download), not only while
             # polling: an attempt that stops heartbeating is given to another worker, and two attempts of one
@@ -389,8 +392,8 @@ class StageActivities:
         """A reusable output of an earlier task of the project for this input hash, if one exists.
 
         An output is offered only if no task that has it — its maker, any task that reused it, and this task —
-        found it lost or had it blamed by a review: each task records that in its own ledger, so all of them
-        are read, not only the one that made it.
+        found it lost, had it blamed by a review or undid it (a failed task's compensation): each task records
+        that in its own ledger, so all of them are read, not only the one that made it.
         """
         assert inp.input_hash is not None and inp.reuse_project is not None
         found = await asyncio.to_thread(
@@ -400,6 +403,7 @@ class StageActivities:
         offers: list[dict[str, Any]] = []
         for task_id in {inp.task_id, *(e.task_id for e in found)}:
             p = fold(await asyncio.to_thread(self.recorder.read_events, task_id))
+            refused.update(str(u.sha256) for u in p.compensations.values() if u.done)
             for node in p.nodes.values():
                 for out in node.outputs:
                     sha = str(out.artifact.get("sha256"))
@@ -495,7 +499,7 @@ class StageActivities:
             artifact = await self._store_output(op, adapter, inp, job)
         except ResultProblem as e:
             return await op.failure(e.kind, str(e), await op.settle_cost(amount), job_id=job.id)
-        cost = await op.settle_cost(amount)
+        cost = await op.settle_cost(amount, own_job=True)
         # The node check: an artifact outside its stage's output bounds is never registered as the node's
         # version; it is paid for, and the rules retry with the problem in the request.
         if problems := output_problems(inp.output, artifact.media):
@@ -521,10 +525,15 @@ class StageActivities:
             # Stored before a crash (the bytes the vendor promised, verified): never fetched again, so an
             # output the vendor purged meanwhile is not lost, and nothing is paid for twice.
             return kept
+        inline = job.inline
+        if inline is None and job.result is None and inp.undo:
+            # An undo (unpublish, delete) often finishes with no file: its receipt is the artifact on record.
+            receipt = {"job_id": job.id, "status": job.status.value, "undoes": inp.input.get("compensates")}
+            inline = json.dumps(receipt, sort_keys=True).encode()
         with self.store.staging(op.key) as staging:
             try:
-                if job.inline is not None:
-                    staging.write(job.inline)
+                if inline is not None:
+                    staging.write(inline)
                 else:
                     await adapter.download(job, staging.write)
             except VendorNotFound as e:

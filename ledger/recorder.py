@@ -258,11 +258,13 @@ _WRITTEN_ALREADY: Final = (
     select(events.c.seq).where(events.c.dedup_key == bindparam("b_intent_key")).scalar_subquery()
 )
 _ROUTED_EXTRAS: Final = (_WRITTEN_ALREADY, _BREAKERS_OF, func.clock_timestamp())
-# A dispatch's INTENT also reads its project's open human requests (rules.pressure): one more scalar subquery.
+# A dispatch's INTENT also reads its project's open human requests (rules.pressure): one more scalar
+# subquery, correlated to the lease row being fenced (its first budget scope is the project's, like the rows).
 _HUMAN_LOAD: Final = (
     select(func.count())
     .select_from(human_queue)
-    .where(human_queue.c.scope == bindparam("b_project_scope"))
+    .where(human_queue.c.scope == task_leases.c.budget_scopes[1])
+    .correlate(task_leases)
     .scalar_subquery()
     .label("human_load")
 )
@@ -533,7 +535,7 @@ class Recorder:
         reserve: Decimal = Decimal(0),
         unless: str | None = None,
         routing: Routing | None = None,
-        pressure: tuple[str, int] | None = None,
+        human_capacity: int | None = None,
         overdraw: bool = False,
     ) -> list[StoredEvent]:
         """Append ``events`` atomically with consecutive seqs, if ``epoch`` is still the task's current one.
@@ -541,11 +543,10 @@ class Recorder:
         With ``routing`` (one event: a dispatch's INTENT) the fencing statement also reads the executor's
         routes, ``rules.routing.choose`` picks one, a probe's or canary's claim is made on its row, and the
         INTENT is written with the choice and the rows it was made on (``route``, ``route_claim``,
-        ``route_basis``). RouteWaiting if no route serves now (nothing written). With ``pressure`` (the
-        project's scope and its people's capacity; one event: a dispatch's INTENT) the same statement counts
-        the project's open human requests, and the INTENT records the reading (``pressure``,
-        rules.pressure). Events that open or close a person's request change ``human_queue`` in this
-        transaction.
+        ``route_basis``). RouteWaiting if no route serves now (nothing written). With ``human_capacity``
+        (one event: a dispatch's INTENT) the same statement counts the task's project's open human requests,
+        and the INTENT records the reading with that capacity (``pressure``, rules.pressure). Events that
+        open or close a person's request change ``human_queue`` in this transaction.
 
         An empty ``events`` still checks the fence. With ``reserve > 0`` the same transaction also reserves
         that amount on every budget scope of the task, if it fits all of them (``ceiling IS NULL OR
@@ -572,16 +573,16 @@ class Recorder:
         if len(set(keys)) != len(keys):
             raise DuplicateEvent(next(k for i, k in enumerate(keys) if k in keys[:i]))
         count = len(events)
+        if (routing is not None or human_capacity is not None) and count != 1:
+            raise LedgerError(f"a routed or load-reading append writes one INTENT, not {count} events")
         with _translated():
             try:
                 with self._engine.begin() as conn:
                     params: dict[str, Any] = {"b_task_id": task_id, "b_epoch": epoch, "b_count": count}
-                    stmt = _fence_statement(bool(amount), pressure is not None, routing is not None)
+                    stmt = _fence_statement(bool(amount), human_capacity is not None, routing is not None)
                     if routing is not None:
                         params["b_routes"] = [c.route for c in routing.chain]
                         params["b_intent_key"] = keys[0]
-                    if pressure is not None:
-                        params["b_project_scope"] = pressure[0]
                     fence = conn.execute(stmt, params).first()
                     if fence is None:
                         # Error path only: tell a missing task from a stale epoch.
@@ -595,8 +596,8 @@ class Recorder:
                         if fence[-3] is not None:
                             raise DuplicateEvent(keys[0])  # rolls back; the caller takes the INTENT on record
                         events = [_routed(conn, routing, events[0], fence[-2], fence[-1])]
-                    if pressure is not None:
-                        reading = Reading(fence._mapping["human_load"], pressure[1])
+                    if human_capacity is not None:
+                        reading = Reading(fence._mapping["human_load"], human_capacity)
                         payload = {**events[0].payload, "pressure": reading.as_payload()}
                         events = [events[0].model_copy(update={"payload": payload})]
                     first = fence[0] - count
@@ -966,7 +967,7 @@ class Recorder:
                 conn.execute(_QUEUE_OPEN, {"b_task_id": task_id, "b_request": rid, "b_kind": kind})
         return len(stale) + len(missing)
 
-    def human_queue(self) -> dict[str, int]:
+    def open_requests_by_project(self) -> dict[str, int]:
         """Open human requests per project scope (``human_queue``, rules.pressure)."""
         stmt = select(human_queue.c.scope, func.count()).group_by(human_queue.c.scope)
         with _translated(), self._reader.connect() as conn:

@@ -649,7 +649,7 @@ def db_sync_queue() -> None:
     try:
         tasks = rec.task_ids()
         changed = sum(rec.sync_human_queue(t) for t in tasks)
-        total = sum(rec.human_queue().values())
+        total = sum(rec.open_requests_by_project().values())
     finally:
         rec.dispose()
     out.print(

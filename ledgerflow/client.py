@@ -91,7 +91,7 @@ async def resume(settings: Settings, task_id: str, *, wait: bool = False) -> dic
     """
     rows = events(settings, task_id)
     projection = fold(rows)
-    if projection.terminal:
+    if projection.finished:
         raise ClientError(f"task {task_id!r} is already {projection.state.value}; nothing to resume")
     client = await connect(settings)
     handle = client.get_workflow_handle(workflow_id(task_id))

@@ -375,14 +375,14 @@ def _task_of(held: str, prefix: str) -> str | None:
 
 def _done(rec: Any, handle: Any) -> bool:
     events = rec.read_events(handle.id.removeprefix("ledgerflow-task-"))
-    return bool(events) and fold(events).terminal
+    return bool(events) and fold(events).finished
 
 
 async def _recovered(rec: Any, task: str, before: int, killed_at: float, timeout: float = 120.0) -> float:
     """Seconds from the kill until the killed task's ledger grows again (or it is finished)."""
     while time.monotonic() - killed_at < timeout:
         events = rec.read_events(task)
-        if len(events) > before or fold(events).terminal:
+        if len(events) > before or fold(events).finished:
             return time.monotonic() - killed_at
         await asyncio.sleep(0.1)
     return timeout
@@ -399,7 +399,7 @@ async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: li
         events = rec.read_events(tid)
         p = fold(events)
         report.completed += p.state.value == "Completed"
-        report.stuck += not p.terminal
+        report.stuck += not p.finished
         by_op: dict[str, list[Any]] = {}
         for e in events:
             if e.operation_key:

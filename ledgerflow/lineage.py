@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from rules.actions import Dispatch
+from rules.actions import Compensate, Dispatch
 from rules.envelope import StoredEvent
 from rules.events import Intent, Outcome, parse, parse_as
 from rules.inputs import refs
@@ -37,14 +37,20 @@ class ArtifactRow:
 
 
 def artifact_rows(events: list[StoredEvent]) -> list[ArtifactRow]:
-    """One row per registered artifact, oldest first, with the inputs its request named."""
+    """One row per registered artifact, oldest first, with the inputs its request named (an undo's receipt,
+    from a failed task's compensation, is not a node's artifact)."""
     asked: dict[str, Dispatch] = {}
+    undos: set[str] = set()
     for e in events:
         if e.type == "Intent" and e.operation_key is not None:
             intent = parse(e)
             if isinstance(intent, Intent) and isinstance(intent.action, Dispatch):
                 asked[e.operation_key] = intent.action
-    outcomes = [(e.seq, parse_as(e, Outcome)) for e in events if e.type == "Outcome"]
+            elif isinstance(intent, Intent) and isinstance(intent.action, Compensate):
+                undos.add(e.operation_key)
+    outcomes = [
+        (e.seq, parse_as(e, Outcome)) for e in events if e.type == "Outcome" and e.operation_key not in undos
+    ]
     latest = {o.node: seq for seq, o in outcomes}
     rows = []
     for seq, o in outcomes:

@@ -19,15 +19,16 @@ from rules.projection import Projection, fold
 
 
 def task_histories(rec: Recorder, *, unfinished: bool) -> list[tuple[Projection, list[StoredEvent]]]:
-    """Every task in the ledger, folded (only unfinished ones if asked); histories that do not start with
-    TaskCreated (leases taken by something other than a task) are not tasks and are skipped."""
+    """Every task in the ledger, folded (only unfinished ones if asked: a task still compensating is one);
+    histories that do not start with TaskCreated (leases taken by something other than a task) are not tasks
+    and are skipped."""
     out = []
     for task_id in rec.task_ids():
         events = rec.read_events(task_id)
         if not events or events[0].type != "TaskCreated":
             continue
         p = fold(events)
-        if not (unfinished and p.terminal):
+        if not (unfinished and p.finished):
             out.append((p, events))
     return out
 

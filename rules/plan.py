@@ -454,8 +454,9 @@ def _check_routes(plan: Plan, routes: Routes) -> None:
     for s in plan.stages:
         if s.executor not in routes.executors:
             raise PlanError(f"stage {s.id!r}: executor {s.executor!r} has no route")
-        if s.compensation is not None and s.compensation.executor not in routes.executors:
-            raise PlanError(f"stage {s.id!r}: compensation executor {s.compensation.executor!r} has no route")
+        undo = s.compensation.executor if s.compensation is not None else None
+        if undo is not None and (undo in FRAMEWORK_STAGES or undo not in routes.executors):
+            raise PlanError(f"stage {s.id!r}: compensation executor {undo!r} has no route")
         if s.reviewer is not None and s.reviewer not in routes.reviewers:
             raise PlanError(f"stage {s.id!r}: reviewer {s.reviewer!r} has no mapping")
     for r in plan.review.reviewers:

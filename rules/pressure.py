@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rules.events import MarkerKind
+
 
 @dataclass(frozen=True, slots=True)
 class Reading:
@@ -71,7 +73,7 @@ class QueueChange:
 
 
 _ENDS_TASK = frozenset({"Complete"})
-_CLOSES_ALL_MARKERS = frozenset({"closing"})
+_CLOSES_ALL_MARKERS = frozenset({MarkerKind.CLOSING.value})
 
 
 def queue_changes(event_type: str, payload: Mapping[str, Any]) -> QueueChange | None:
@@ -97,7 +99,7 @@ def queue_changes(event_type: str, payload: Mapping[str, Any]) -> QueueChange | 
     if event_type == "HumanDecision":
         return QueueChange(closed=(str(payload["request_id"]),))
     if event_type == "SystemMarker":
-        if payload.get("kind") == "timeout" and payload.get("request_id"):
+        if payload.get("kind") == MarkerKind.TIMEOUT.value and payload.get("request_id"):
             return QueueChange(closed=(str(payload["request_id"]),))
         if payload.get("kind") in _CLOSES_ALL_MARKERS:
             return QueueChange(close_all=True)

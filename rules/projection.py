@@ -176,6 +176,7 @@ class CompensationView:
     done: bool = False
     failures: list[FailureInfo] = field(default_factory=list)
     retry_at: datetime | None = None
+    action: Compensate | None = None  # the current attempt's recorded action (a new run adopts it)
 
 
 @dataclass(slots=True)
@@ -261,7 +262,7 @@ class Projection:
     # Outputs of compensable stages, by their operation key, and each attempt to undo one: its key -> the
     # output's key (rules.table R12).
     compensations: dict[str, CompensationView] = field(default_factory=dict)
-    compensating: dict[str, str] = field(default_factory=dict)
+    undo_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def state(self) -> TaskState:
@@ -282,7 +283,13 @@ class Projection:
 
     @property
     def terminal(self) -> bool:
+        """Completed, or its end recorded (Failed, or Compensating on the way there): nothing new starts."""
         return self.completed or self.terminal_reason is not None
+
+    @property
+    def finished(self) -> bool:
+        """Terminal with nothing left to undo: no run is needed for it any more."""
+        return self.terminal and not self.uncompensated()
 
     def gave_up_undoing(self, view: CompensationView) -> bool:
         """Whether an output's undoing stopped for good: a failure no retry fixes, or its attempts used up."""
@@ -290,8 +297,8 @@ class Projection:
         if last is not None and last.kind not in RETRYABLE:
             return True
         spec = self.graph.nodes[view.node].stage.compensation
-        retries = spec.retries if spec is not None else 0
-        return view.attempts - min(view.voided, FREE_VOIDS) >= retries + 1 and not view.in_flight
+        assert spec is not None  # only a compensable stage's outputs are recorded
+        return view.attempts - min(view.voided, FREE_VOIDS) >= spec.retries + 1 and not view.in_flight
 
     def uncompensated(self) -> list[CompensationView]:
         """A terminal (not completed) task's outputs still to undo or being undone, newest first."""
@@ -363,9 +370,9 @@ def apply(p: Projection, stored: StoredEvent) -> None:
     if stored.seq <= p.watermark:
         return
     p.watermark = stored.seq
-    if stored.type == "Intent" and "pressure" in stored.payload:
+    if stored.type == "Intent" and (reading := Reading.from_payload(stored.payload)) is not None:
         # Read by its executor's append, with the INTENT (a provisional one had none when it was decided).
-        p.pressure = Reading.from_payload(stored.payload)
+        p.pressure = reading
     if stored.dedup_key in p.provisional:
         del p.provisional[stored.dedup_key]  # folded already, when it was decided
         return
@@ -389,7 +396,7 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             if node is None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
-            if (undone := p.compensating.get(event.operation_key)) is not None:
+            if (undone := p.undo_of.get(event.operation_key)) is not None:
                 undo = p.compensations[undone]
                 undo.in_flight, undo.done = False, True
                 return
@@ -418,7 +425,7 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             if node is None:
                 return
             _settle(p, node, event.operation_key, event.actual_cost)
-            if (undone := p.compensating.get(event.operation_key)) is not None:
+            if (undone := p.undo_of.get(event.operation_key)) is not None:
                 undo = p.compensations[undone]
                 undo.in_flight = False
                 undo.failures.append(FailureInfo(undo.attempts, event.kind, event.error, stored.recorded_at))
@@ -526,9 +533,9 @@ def _apply_intent(p: Projection, e: Intent, seq: int) -> None:
             p.gate_pending[p.graph.nodes[g.node].stage.id] = g
         case Compensate() as c:
             undo = p.compensations[c.compensates]
-            undo.attempts, undo.operation_key = c.attempt, c.operation_key
+            undo.attempts, undo.operation_key, undo.action = c.attempt, c.operation_key, c
             undo.in_flight, undo.retry_at = True, None
-            p.compensating[c.operation_key] = c.compensates
+            p.undo_of[c.operation_key] = c.compensates
             p.reservations[c.operation_key] = e.reservation
             p.reserved += e.reservation
         case SuspendForHuman() as s:
@@ -584,8 +591,8 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
         r = p.requests[e.request_id]
         if r.open and r.backup_deadline is None and r.request.deadline is not None:
             r.backup_deadline = r.request.deadline + timedelta(seconds=p.plan.approval.backup_seconds)
-    elif e.kind == MarkerKind.VOID and e.operation_key in p.compensating:
-        undo = p.compensations[p.compensating[e.operation_key]]
+    elif e.kind == MarkerKind.VOID and e.operation_key in p.undo_of:
+        undo = p.compensations[p.undo_of[e.operation_key]]
         if undo.in_flight and undo.operation_key == e.operation_key:
             p.reserved -= p.reservations.pop(e.operation_key, Decimal(0))
             undo.in_flight = False

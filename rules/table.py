@@ -296,45 +296,47 @@ def _ready(p: Projection) -> Iterator[NodeView]:
     running = sum(len(ids) for ids in p.running.values())
     if running >= MAX_IN_FLIGHT:
         return
-    soft = p.ceiling * Decimal(str(p.plan.soft_limit))
-    width = 1 if p.spent + p.reserved >= soft else p.plan.concurrency
+    width = _task_width(p)
     for sid, idle in p.idle.items():  # stages in node order
         if not idle or sid in p.gate_pending or any(p.unfinished[d] for d in p.graph.stage_deps[sid]):
             continue
         stage_nodes = p.graph.stage_nodes[sid]
         stage = p.graph.nodes[stage_nodes[0]].stage
-        stage_width = width
         candidates: Iterable[str] = idle
-        if stage.canary and len(stage_nodes) > 1:
-            canary = p.nodes[stage_nodes[0]]
-            if canary.status != NodeStatus.SUCCEEDED:
-                # Only the canary may run until it succeeded (the others wait on it).
-                candidates = (stage_nodes[0],) if stage_nodes[0] in idle else ()
-            elif canary.reused and not any(
-                p.nodes[s].status == NodeStatus.SUCCEEDED and not p.nodes[s].reused for s in stage_nodes
-            ):
-                # A reused canary proved nothing about the route this time: until one node really ran,
-                # the fan-out goes one at a time (each acting as the canary).
-                stage_width = 1
-        if stage_width > 1:
-            stage_width = pressure_width(stage_width, _finished(p, sid), p.pressure)
-        if len(p.running[sid]) >= stage_width:
+        if stage.canary and len(stage_nodes) > 1 and p.nodes[stage_nodes[0]].status != NodeStatus.SUCCEEDED:
+            # Only the canary may run until it succeeded (the others wait on it).
+            candidates = (stage_nodes[0],) if stage_nodes[0] in idle else ()
+        if len(p.running[sid]) >= _stage_width(p, sid, width)[0]:
             continue
         yield from p.in_order(candidates)
 
 
-def _finished(p: Projection, sid: str) -> int:
-    return len(p.graph.stage_nodes[sid]) - p.unfinished[sid]
+def _task_width(p: Projection) -> int:
+    """The plan's per-stage width, or 1 once spent + reserved reached the soft limit."""
+    soft = p.ceiling * Decimal(str(p.plan.soft_limit))
+    return 1 if p.spent + p.reserved >= soft else p.plan.concurrency
 
 
-def _squeezed(p: Projection, n: NodeView) -> str | None:
-    """Why the node's fan-out is narrower than the plan's width because of backpressure, or None."""
-    sid = n.stage
-    if p.pressure is None or not p.pressure.over or len(p.graph.stage_nodes[sid]) < 2:
-        return None
-    full = p.plan.concurrency
-    allowed = pressure_width(full, _finished(p, sid), p.pressure)
-    return describe_pressure(full, allowed, p.pressure) if allowed < full else None
+def _stage_width(p: Projection, sid: str, width: int) -> tuple[int, str | None]:
+    """How many of a stage's nodes may be in flight (``width``: the task's), and why backpressure made it
+    fewer, if it did (the dispatch's reason says so)."""
+    stage_nodes = p.graph.stage_nodes[sid]
+    canary = p.nodes[stage_nodes[0]]
+    if (
+        p.graph.nodes[stage_nodes[0]].stage.canary
+        and len(stage_nodes) > 1
+        and canary.status == NodeStatus.SUCCEEDED
+        and canary.reused
+        and not any(p.nodes[s].status == NodeStatus.SUCCEEDED and not p.nodes[s].reused for s in stage_nodes)
+    ):
+        # A reused canary proved nothing about the route this time: until one node really ran, the fan-out
+        # goes one at a time (each acting as the canary).
+        return 1, None
+    if width <= 1 or p.pressure is None:
+        return width, None
+    finished = len(stage_nodes) - p.unfinished[sid]
+    allowed = pressure_width(width, finished, p.pressure)
+    return allowed, describe_pressure(width, allowed, p.pressure) if allowed < width else None
 
 
 # R12 (a terminal task) ─────────────────────────────────────────────────────────────────────────────
@@ -412,7 +414,7 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
                 node=n.id, input_version=version, operation_key=gate_key(p.task_id, stage, version)
             )
     reason = "rework" if n.status == NodeStatus.STALE else "first attempt" if n.attempts == 0 else "redo"
-    if (squeezed := _squeezed(p, n)) is not None:
+    if (squeezed := _stage_width(p, n.stage, _task_width(p))[1]) is not None:
         reason = f"{reason}; {squeezed}"
     return _dispatch_or_escalate(p, n, reason, now)
 

@@ -273,6 +273,17 @@ class TaskWorkflow:
         INTENTs itself — the closing marker bars executors from writing any — reserving even past a ceiling.
         """
         while True:
+            if self._fenced is not None:
+                raise ApplicationError(
+                    f"run fenced off: {self._fenced}", type="StaleEpoch", non_retryable=True
+                )
+            for undo in p.uncompensated():
+                if (
+                    undo.in_flight
+                    and undo.action is not None
+                    and undo.action.operation_key not in self._started
+                ):
+                    self._act(p, undo.action)  # a run that took the task over: the undo a lost run began
             self._tell(p)
             now = workflow.now()
             decided = decide(p, now)
@@ -612,7 +623,7 @@ class TaskWorkflow:
                 estimate=action.estimate,
                 input=action.input,
                 priority=p.plan.priority,
-                project=p.plan.project,
+                undo=isinstance(action, Compensate),
                 **(self._dispatch_only(p, action) if isinstance(action, Dispatch) else {}),
             )
             self._start(action.operation_key, action.node, executor_activity(action.executor), inp)

@@ -54,16 +54,16 @@ def test_requests_enter_the_queue_with_their_intent_and_leave_with_a_decision_or
     project = f"p-{uuid.uuid4().hex[:8]}"
     tid, epoch = task(recorder, project)
     recorder.append_fenced(tid, epoch, [ask(tid, 1, "approval:a:v1"), ask(tid, 2, "approval:b:v1")])
-    assert recorder.human_queue()[f"project:{project}"] == 2
+    assert recorder.open_requests_by_project()[f"project:{project}"] == 2
 
     decided = HumanDecision(request_id="approval:a:v1", decision=HumanDecisionType.APPROVE, approver="d")
     recorder.append_idempotent(tid, to_new(decided, dedup_key=f"{tid}:resolution:a"))
-    assert recorder.human_queue()[f"project:{project}"] == 1
+    assert recorder.open_requests_by_project()[f"project:{project}"] == 1
     # A repeat of the decision writes nothing, and changes nothing.
     recorder.append_idempotent(tid, to_new(decided, dedup_key=f"{tid}:resolution:a"))
     timeout = SystemMarker(kind=MarkerKind.TIMEOUT, request_id="approval:b:v1")
     recorder.append_idempotent(tid, to_new(timeout, dedup_key=f"{tid}:resolution:b"))
-    assert f"project:{project}" not in recorder.human_queue()
+    assert f"project:{project}" not in recorder.open_requests_by_project()
 
 
 def test_a_task_that_ends_takes_its_open_requests_out_of_the_queue(recorder: Recorder) -> None:
@@ -71,7 +71,7 @@ def test_a_task_that_ends_takes_its_open_requests_out_of_the_queue(recorder: Rec
     tid, epoch = task(recorder, project)
     recorder.append_fenced(tid, epoch, [ask(tid, 1, "approval:a:v1"), ask(tid, 2, "dead_letter:b:a1")])
     recorder.append_fenced(tid, epoch, [intent(tid, 3, Escalate(reason="aborted by d", terminal=True))])
-    assert f"project:{project}" not in recorder.human_queue()
+    assert f"project:{project}" not in recorder.open_requests_by_project()
 
 
 def test_a_dispatchs_intent_records_its_projects_load_read_in_the_same_append(recorder: Recorder) -> None:
@@ -82,9 +82,7 @@ def test_a_dispatchs_intent_records_its_projects_load_read_in_the_same_append(re
     recorder.append_fenced(elsewhere, e2, [ask(elsewhere, 1, "approval:x:v1")])
 
     tid, epoch = task(recorder, project)
-    (row,) = recorder.append_fenced(
-        tid, epoch, [dispatch(tid, 1)], reserve=Decimal(1), pressure=(f"project:{project}", 2)
-    )
+    (row,) = recorder.append_fenced(tid, epoch, [dispatch(tid, 1)], reserve=Decimal(1), human_capacity=2)
     assert row.payload["pressure"] == {"load": 3, "capacity": 2}  # its project's three, not the other's
     (plain,) = recorder.append_fenced(tid, epoch, [dispatch(tid, 2)], reserve=Decimal(1))
     assert "pressure" not in plain.payload  # backpressure off: nothing read, nothing recorded
@@ -113,7 +111,7 @@ def test_sync_rebuilds_a_tasks_rows_from_its_ledger_under_its_lease_lock(
     finally:
         engine.dispose()
     assert recorder.sync_human_queue(tid) == 3  # two missing rows written, one stale row deleted
-    assert recorder.human_queue()[f"project:{project}"] == 2
+    assert recorder.open_requests_by_project()[f"project:{project}"] == 2
     assert recorder.sync_human_queue(tid) == 0  # already what the ledger says
 
     aborted = Escalate(reason="aborted by d", terminal=True)
@@ -122,4 +120,5 @@ def test_sync_rebuilds_a_tasks_rows_from_its_ledger_under_its_lease_lock(
     recorder.append_fenced(
         tid, epoch, [intent(tid, 3, aborted), to_new(effect[1], dedup_key=f"{tid}:effect:3")]
     )
-    assert recorder.sync_human_queue(tid) == 0 and f"project:{project}" not in recorder.human_queue()
+    assert recorder.sync_human_queue(tid) == 0
+    assert f"project:{project}" not in recorder.open_requests_by_project()

@@ -3,7 +3,7 @@ queue, and how wide a fan-out may run while the project's people hold more reque
 
 from __future__ import annotations
 
-from helpers import T0, History, make_plan, stage
+from helpers import T0, History, make_plan, stage, until
 
 from rules.actions import (
     Complete,
@@ -113,3 +113,81 @@ def test_a_newer_reading_under_capacity_lets_the_fan_out_widen_at_once() -> None
     assert h.view.pressure == Reading(3, 4)
     assert len(_dispatch_all(h)) == 5  # the other five at once
     assert recompute(h.events) == []
+
+
+def _replayed(events: list) -> set[str]:
+    """The open requests ``queue_changes`` leaves after these events (what human_queue holds)."""
+    open_ids: set[str] = set()
+    for e in events:
+        change = queue_changes(e.type, e.payload)
+        if change is None:
+            continue
+        if change.close_all:
+            open_ids.clear()
+        open_ids -= set(change.closed)
+        open_ids |= {rid for rid, _ in change.opened}
+    return open_ids
+
+
+def _open_in_fold(h: History) -> set[str]:
+    p = h.fold()
+    return set() if p.terminal else {rid for rid, r in p.requests.items() if r.open}
+
+
+def _asked(policy: str) -> tuple[History, str]:
+    h = History(
+        make_plan(stage("a", approval=True), stage("b", "a"), approval={"timeout": 60, "policy": policy})
+    )
+    rule, ask = h.drive(until(SuspendForHuman))
+    h.record(rule, ask)
+    assert isinstance(ask, SuspendForHuman)
+    return h, ask.request.id
+
+
+def test_the_queue_the_writes_keep_is_the_folds_open_requests_after_every_event() -> None:
+    """What human_queue holds (each event's queue_changes, applied in order) equals the fold's open requests
+    — none once the task ended — after every event of approval, timeout, escalation, resume, abort and
+    completion histories."""
+    histories = []
+    h, rid = _asked("escalate")  # approved, then the task completes
+    h.human(rid, HumanDecisionType.APPROVE).drive_to_review()
+    h.act()
+    histories.append(h)
+    h, rid = _asked("escalate")  # timed out: an escalation stands in for it; resumed, the task completes
+    h.tick(61).marker(MarkerKind.TIMEOUT, request_id=rid)
+    rule, escalation = h.act()
+    assert rule == "R6" and isinstance(escalation, Escalate) and escalation.request is not None
+    h.human(escalation.request.id, HumanDecisionType.RESUME).drive_to_review()
+    h.act()
+    histories.append(h)
+    h, rid = _asked("escalate")  # a person aborts
+    h.human(rid, HumanDecisionType.ABORT)
+    rule, _ = h.act()
+    assert rule == "R1"
+    histories.append(h)
+    h, rid = _asked("abort")  # timed out under policy abort: the task ends with its request
+    h.tick(61).marker(MarkerKind.TIMEOUT, request_id=rid)
+    h.act()
+    histories.append(h)
+    for h in histories:
+        for n in range(1, len(h.events) + 1):
+            prefix = History(task_id=h.task_id)
+            prefix.events = h.events[:n]
+            assert _replayed(h.events[:n]) == _open_in_fold(prefix), (n, h.events[n - 1].type)
+        assert h.fold().terminal and _replayed(h.events) == set()
+
+
+def test_no_backpressure_reason_when_the_soft_limit_already_holds_the_fan_out_to_one() -> None:
+    plan = make_plan(
+        stage("script", estimate="5"),
+        stage("shots", "script", fan_out=6, canary=False),
+        budget_ceiling="12",
+        concurrency=6,
+        soft_limit=0.4,
+    )
+    h = History(plan)
+    rule, action = h.decide()
+    h.record(rule, action, extra=OVER)
+    h.outcome("script")  # spent 5 of 12: past the soft limit (4.8), one node at a time anyway
+    (first,) = _dispatch_all(h)
+    assert "backpressure" not in first.reason

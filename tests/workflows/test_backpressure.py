@@ -57,7 +57,7 @@ async def run_fan_out(lf_with: Any, sim: Any, capacity: int) -> str:
     async with lf_with(human_capacity=capacity) as lf:
         waiting = await lf.start(lf.plan(WAITING.format(project=project)))
         await lf.wait_state(waiting, {"WaitingHuman"})
-        assert lf.recorder.human_queue()[f"project:{project}"] == 2
+        assert lf.recorder.open_requests_by_project()[f"project:{project}"] == 2
         plan = lf.plan(FAN_OUT.format(project=project))
         result = await lf.run(plan)
         await waiting.terminate("test over")

@@ -5,9 +5,12 @@ Temporal, real Postgres, the simulator."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 from peoplekit import wait_open
@@ -24,6 +27,7 @@ PLAN = """
 goal: publish two clips, then a person aborts
 project: {project}
 budget_ceiling: 20
+reuse: project
 approval: {{timeout: 1h, policy: escalate}}
 stages:
   - {{id: publish, executor: {pub}, estimate: 1, fan_out: 2, canary: false,
@@ -37,7 +41,8 @@ async def test_an_aborted_task_unpublishes_what_it_published_before_it_is_failed
 ) -> None:
     u = uuid.uuid4().hex[:8]
     pub, unpub = f"pub-{u}", f"unpub-{u}"
-    await sim.configure(executors={unpub: {"latency_seconds": 0.5}})
+    # An unpublish finishes with no file, as real ones do: its receipt is what the ledger registers.
+    await sim.configure(executors={unpub: {"latency_seconds": 0.5, "no_result": True}})
     routes = RouteTable(routes={pub: RouteSpec(), unpub: RouteSpec()})
     async with lf_with(routes=routes) as lf:
         plan = lf.plan(PLAN.format(project=f"cp-{u}", pub=pub, unpub=unpub))
@@ -49,6 +54,11 @@ async def test_an_aborted_task_unpublishes_what_it_published_before_it_is_failed
         assert status["terminal_reason"] == "aborted by producer"
         result = await handle.result()
         report = await audit(lf.settings, lf.recorder, lf.client, [plan.task_id], billing=True)
+        # The same plan again in the project (reuse: project): the unpublished clips are not reused.
+        again = lf.plan(PLAN.format(project=f"cp-{u}", pub=pub, unpub=unpub))
+        second = await lf.start(again)
+        await wait_open(lf, again.task_id, "approval:board")
+        await second.terminate("test over")
 
     assert result.state == "Failed"
     assert {v["state"] for v in result.summary["compensations"].values()} == {"undone"}
@@ -81,8 +91,19 @@ async def test_an_aborted_task_unpublishes_what_it_published_before_it_is_failed
         if c["executor"] == unpub
     }
     assert undone == {e.payload["job_id"] for e in published}
+    receipts = [e for e in events if e.type == "Outcome" and ":undo" in str(e.operation_key)]
+    assert len(receipts) == 2
+    for r in receipts:
+        receipt = json.loads(Path(urlparse(r.payload["artifact"]["uri"]).path).read_bytes())
+        assert receipt["undoes"]["operation_key"] == r.operation_key.removesuffix(":undo1")
     assert vendor_spend(events) == await sim.total(f"{plan.task_id}:")
     assert recorder.account(f"task:{plan.task_id}").reserved == 0  # type: ignore[union-attr]
+    republished = [
+        e
+        for e in recorder.read_events(again.task_id)
+        if e.type == "Outcome" and ":publish/" in str(e.operation_key)
+    ]
+    assert len(republished) == 2 and all(e.payload.get("reused_from") is None for e in republished)
     # The audit: every decision (the compensating phase's too) recomputes, the accounts match, the history
     # replays, and each vendor charge is matched to its operation (the undos included).
     assert report.ok, report.lines()

@@ -48,6 +48,9 @@ class ExecutorProfile(BaseModel):
         default=0.0, description="deliver what was asked but claim other media metadata than the file has"
     )
     missing_rights: Rate = Field(default=0.0, description="report no rights metadata with the artifact")
+    no_result: bool = Field(
+        default=False, description="a finished job names no file, as a delete or an unpublish does"
+    )
     broken_code: Rate = Field(default=0.0, description="a drafted lesson's last code example raises")
     truncated: Rate = Field(
         default=0.0, description="deliver the file cut short (its sha256 advertised for the cut bytes)"

@@ -123,7 +123,7 @@ class Job:
             else:
                 error = {"kind": "content_rejected", "message": "input violates content policy"}
         result = None
-        if status == "succeeded" and self.output is not None:
+        if status == "succeeded" and self.output is not None and not self.profile.no_result:
             result = {
                 "url": result_url,
                 "sha256": hashlib.sha256(self.output.data).hexdigest(),
