@@ -114,7 +114,12 @@ class PeopleActivities:
         task_id = ruling.task_id
         assert ruling.decision is not None and ruling.request_id is not None
         event = to_new(ruling.decision, dedup_key=resolution_key(task_id, ruling.request_id))
-        stored, inserted = self.recorder.append_idempotent(task_id, event, raise_ceiling=ruling.raise_ceiling)
+        stored, inserted = self.recorder.append_idempotent(
+            task_id,
+            event,
+            raise_ceiling=ruling.raise_ceiling,
+            human_capacity=self.settings.human_capacity or None,  # the load, for the work it unblocks
+        )
         if inserted:
             return ruling
         # Someone resolved the request between our read and our write (a timeout, another person): the first

@@ -343,6 +343,8 @@ _RESERVE_ONE_SCOPES: Final = (
 # An idempotent write that is also a fence: an executor's write-ahead marker just before a paid call matches
 # only while its run's epoch is current, so a zombie of a fenced-off run writes nothing and sends nothing.
 _RESERVE_ONE_FENCED: Final = _RESERVE_ONE_SCOPES.where(task_leases.c.epoch == bindparam("b_epoch"))
+# A person's decision also reads its project's human load (rules.pressure), as a dispatch's INTENT does.
+_RESERVE_ONE_LOAD: Final = _RESERVE_ONE_SCOPES.returning(_HUMAN_LOAD)
 
 _ACCOUNT_COLUMNS: Final = (
     budget_accounts.c.scope,
@@ -632,6 +634,7 @@ class Recorder:
         raise_ceiling: tuple[str, Decimal] | None = None,
         fence_epoch: int | None = None,
         unless: str | None = None,
+        human_capacity: int | None = None,
     ) -> tuple[StoredEvent, bool]:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
 
@@ -645,7 +648,10 @@ class Recorder:
         ceiling. A repeat settles nothing, so each settlement happens exactly once. Likewise
         ``raise_ceiling=(scope, amount)`` (a person's AddBudget) adds ``amount`` to the ceiling of ``scope``,
         one of the task's own scopes, only if this call inserts the event (an unlimited scope stays
-        unlimited); the accounts are locked in the same order as for a settlement.
+        unlimited); the accounts are locked in the same order as for a settlement. With ``human_capacity``
+        (a person's decision, not fenced) the same statement counts the project's open human requests and the
+        event records the reading (``pressure``, rules.pressure): the work a decision unblocks is decided on
+        a reading as fresh as the decision.
 
         Returns:
             ``(stored, True)`` if this call wrote it, ``(existing, False)`` if the dedup key was already there
@@ -669,6 +675,13 @@ class Recorder:
             if fence_epoch is not None:
                 params = {"b_task_id": task_id, "b_epoch": fence_epoch}
                 reserved = conn.execute(_RESERVE_ONE_FENCED, params).first()
+            elif human_capacity is not None:
+                reserved = conn.execute(_RESERVE_ONE_LOAD, {"b_task_id": task_id}).first()
+                if reserved is not None:
+                    reading = Reading(reserved._mapping["human_load"], human_capacity)
+                    event = event.model_copy(
+                        update={"payload": {**event.payload, "pressure": reading.as_payload()}}
+                    )
             else:
                 reserved = conn.execute(
                     _RESERVE_ONE_SCOPES if settle or raised else _RESERVE_ONE, {"b_task_id": task_id}

@@ -56,6 +56,8 @@ FREE_VOIDS = 3
 # Failures retried automatically (with the error in the next request); any other asks a person (or, for an
 # undo in a terminal task's compensating phase, ends it).
 RETRYABLE: Final = frozenset({FailureKind.TECHNICAL, FailureKind.STALLED, FailureKind.INVALID_OUTPUT})
+# The events whose append may read the project's human load and record it (rules.pressure).
+_READS_LOAD: Final = frozenset({"Intent", "HumanDecision"})
 
 
 class TaskState(StrEnum):
@@ -370,8 +372,9 @@ def apply(p: Projection, stored: StoredEvent) -> None:
     if stored.seq <= p.watermark:
         return
     p.watermark = stored.seq
-    if stored.type == "Intent" and (reading := Reading.from_payload(stored.payload)) is not None:
-        # Read by its executor's append, with the INTENT (a provisional one had none when it was decided).
+    if stored.type in _READS_LOAD and (reading := Reading.from_payload(stored.payload)) is not None:
+        # Read by the append that wrote it: a dispatch's INTENT (a provisional one had none when it was
+        # decided), or a person's decision.
         p.pressure = reading
     if stored.dedup_key in p.provisional:
         del p.provisional[stored.dedup_key]  # folded already, when it was decided

@@ -8,9 +8,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from peoplekit import wait_open
+
 from ledger.recorder import Recorder
+from ledgerflow import people
 from rules.pressure import Reading
 from rules.recompute import recompute
+from runtime.signing import demo_key
 
 WAITING = """
 goal: two approvals nobody answers yet
@@ -84,3 +88,48 @@ async def test_under_capacity_the_same_fan_out_opens_at_full_width(
 ) -> None:
     task_id = await run_fan_out(lf_with, sim, capacity=2)
     assert peak_in_flight(recorder, task_id, "shots")[0] == 6
+
+
+APPROVED_FAN_OUT = """
+goal: a script a person approves, then a six-wide fan-out
+project: {project}
+budget_ceiling: 40
+concurrency: 6
+approval: {{timeout: 1h, policy: escalate}}
+stages:
+  - {{id: script, executor: llm.text, estimate: 1, approval: true}}
+  - {{id: shots, executor: video.motion, estimate: 1, depends_on: [script], fan_out: 6, canary: false}}
+"""
+
+
+async def test_a_fan_out_after_an_approval_uses_the_load_read_with_the_decision(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    """The script's INTENT read an overloaded queue; by the time a person approves the script the other
+    requests were answered. The decision's own reading (recorded with it) is what the fan-out goes by: it
+    opens at full width, not at one."""
+    project = f"bp-{uuid.uuid4().hex[:8]}"
+    await sim.configure(executors={"video.motion": {"latency_seconds": 0.3}})
+    async with lf_with(human_capacity=1) as lf:
+        waiting = await lf.start(lf.plan(WAITING.format(project=project)))
+        await lf.wait_state(waiting, {"WaitingHuman"})
+        plan = lf.plan(APPROVED_FAN_OUT.format(project=project))
+        handle = await lf.start(plan)
+        script_rid = await wait_open(lf, plan.task_id, "approval:script")
+        for rid in ("approval:board/S01:v1", "approval:board/S02:v1"):
+            sent = await people.decide(
+                lf.settings, demo_key("director"), waiting.id.removeprefix("ledgerflow-task-"), rid, "approve"
+            )
+            assert sent.status == "accepted"
+        sent = await people.decide(lf.settings, demo_key("director"), plan.task_id, script_rid, "approve")
+        assert sent.status == "accepted"
+        assert (await handle.result()).state == "Completed"
+        assert (await waiting.result()).state == "Completed"  # its two approvals answered
+
+    events = recorder.read_events(plan.task_id)
+    script = next(e for e in events if e.type == "Intent" and ":script:" in str(e.operation_key))
+    assert Reading.from_payload(script.payload) == Reading(2, 1)  # over capacity when the script was sent
+    decision = next(e for e in events if e.type == "HumanDecision")
+    assert Reading.from_payload(decision.payload) == Reading(1, 1)  # only the script's own request left
+    assert peak_in_flight(recorder, plan.task_id, "shots")[0] == 6
+    assert recompute(events) == []
