@@ -33,7 +33,7 @@ from temporalio.worker import Worker
 
 from bench.bare import BareActivities, BareDag, BareInput
 from ledger import migrate
-from ledgerflow import pg, stack
+from ledgerflow import pg, stack, stats
 from rules.dag import build_graph
 from rules.plan import load_plan
 from runtime.settings import Settings
@@ -113,8 +113,8 @@ async def shape_of(client: Client, wid: str) -> Shape:
 
 
 def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    at = stats.percentile(values, q)
+    return float("nan") if at is None else at
 
 
 async def latency(fn, n: int, ids: list[str]) -> float:  # type: ignore[no-untyped-def]

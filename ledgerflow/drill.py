@@ -31,6 +31,7 @@ from rich.table import Table
 
 from ledgerflow import client as lf
 from ledgerflow import stack
+from ledgerflow.stats import percentile
 from rules.actions import OPERATION_KINDS
 from rules.events import vendor_spend
 from rules.keys import is_result_key
@@ -142,10 +143,8 @@ class DrillReport:
 
     def table(self) -> Table:
         def pct(q: float) -> str:
-            if not self.recoveries:
-                return "—"
-            ordered = sorted(self.recoveries)
-            return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.1f}s"
+            at = percentile(self.recoveries, q)
+            return "—" if at is None else f"{at:.1f}s"
 
         t = Table(title=self.title, title_justify="left")
         t.add_column("measure")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from ledger.recorder import Recorder
 from ledgerflow import client as lf
 from ledgerflow import stack
 from ledgerflow.drill import charges_for, duplicates_and_total
+from ledgerflow.stats import percentile
 from rules.dag import Graph
 from rules.envelope import StoredEvent
 from rules.events import Escalation, ExecutionResult, Intent, Outcome, parse, vendor_spend
@@ -97,9 +97,7 @@ class SoakReport:
         return self.end_states.get("Completed", 0) == self.tasks
 
     def hop(self, q: float) -> float | None:
-        if len(self.hops) < 2:
-            return self.hops[0] if self.hops else None
-        return statistics.quantiles(self.hops, n=100, method="inclusive")[round(q * 100) - 1]
+        return percentile(self.hops, q)
 
     def table(self) -> Table:
         def counts(c: Counter[Any]) -> str:

@@ -175,12 +175,19 @@ def _ratio(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-def _quantiles(values: list[float]) -> dict[str, Any]:
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (0 < q < 1) by nearest rank — an observed value, never an interpolated one — or None
+    for no values. The one definition every report here uses (stats, drill, soak, bench)."""
     if not values:
-        return {"n": 0, "p50": None, "p95": None}
+        return None
     ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
-    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95)}
+def _quantiles(values: list[float]) -> dict[str, Any]:
+    p50, p95 = percentile(values, 0.5), percentile(values, 0.95)
+    return {
+        "n": len(values),
+        "p50": None if p50 is None else round(p50, 3),
+        "p95": None if p95 is None else round(p95, 3),
+    }

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from metricskit import ROOT, free_port, scrape, worker_process
+from metricskit import ROOT, scrape, worker_process
 from temporalio.client import Client
 
 from ledger.recorder import Recorder
+from ledgerflow.pg import free_port
 from rules.plan import load_plan
 from vendors.routes import DEFAULT_ROUTES
 from workflows.contracts import TaskInput, workflow_id

@@ -22,11 +22,12 @@ from typing import Any
 
 import httpx
 import pytest
-from metricskit import free_port, scrape
+from metricskit import scrape
 from temporalio.client import Client
 
 from ledger.recorder import Recorder
 from ledgerflow import people
+from ledgerflow.pg import free_port
 from rules.events import parse
 from rules.projection import fold
 from runtime.metrics import MetricsServer, MetricsSettings, sdk_runtime, serve_metrics

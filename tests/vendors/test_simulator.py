@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from ledgerflow.pg import free_port
 from media import probe
 from vendors.adapter import FailureKind, JobStatus, ResultFile, VendorJob
 from vendors.errors import (
@@ -43,12 +43,6 @@ BODY = {"executor": EXECUTOR, "input": INPUT, "estimate": "2.50"}
 async def submit(vendor: JobsAdapter, key: str, **overrides: object) -> VendorJob:
     args: dict = {"operation_key": key, "executor": EXECUTOR, "request": INPUT, "estimate": ESTIMATE}
     return await vendor.submit(**{**args, **overrides})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_same_key_same_body_returns_the_same_job_and_charges_once(
