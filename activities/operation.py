@@ -97,7 +97,7 @@ class Operation:
         self.breaker: Health | None = None  # the route's shared row, as ``open`` read it
         # Set when this attempt's own job was billed far above its estimate: the route's breaker counts the
         # call as a failed one (rules.routing: cost anomalies).
-        self.billing_off: str | None = None
+        self.billing_off = False
         bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
@@ -303,7 +303,7 @@ class Operation:
         if amount.amount > self.estimate:
             why = f"actual {amount.amount} above the reserved estimate {self.estimate}"
             if own_job and self.estimate > 0 and amount.amount > BILLING_OFF_FACTOR * self.estimate:
-                self.billing_off = why
+                self.billing_off = True
             await self.anomaly(why, "above_estimate")
         return amount.amount
 

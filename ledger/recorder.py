@@ -1346,13 +1346,13 @@ def _take_slot(
         raise _QueueFull(routing.executor, f"{route}: {g.reason}", retry, waiter)
     conn.execute(route_slots.insert().values(operation_key=routing.key, route=route, task_id=routing.task_id))
     conn.execute(delete(route_waiters).where(route_waiters.c.operation_key == routing.key))
-    waited = (now - me.since).total_seconds() if me.since else 0.0
+    assert me.since is not None  # its first ask, or now
     return {
         "used": g.used,
         "limit": g.limit,
         "ahead": g.ahead,
         "priority": routing.priority,
-        "waited_s": waited,
+        "waited_s": (now - me.since).total_seconds(),
     }
 
 

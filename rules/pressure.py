@@ -24,7 +24,7 @@ from rules.events import MarkerKind
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """The project's open human requests when an INTENT was written, and how many its people can hold."""
+    """The project's open human requests when an event was written, and how many its people can hold."""
 
     load: int
     capacity: int
@@ -38,7 +38,8 @@ class Reading:
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Reading | None:
-        """The reading an INTENT's payload recorded (``pressure``), or None."""
+        """The reading an event's payload recorded (``pressure``: a dispatch's INTENT, a person's decision),
+        or None."""
         raw = payload.get("pressure")
         if not isinstance(raw, Mapping):
             return None
@@ -50,8 +51,7 @@ def width(full: int, finished: int, reading: Reading | None) -> int:
     capacity; then 1 + the stage's finished nodes, capped at ``full × capacity / load`` (at least 1)."""
     if reading is None or not reading.over:
         return full
-    cap = max(1, full * reading.capacity // reading.load)
-    return max(1, min(cap, 1 + finished))
+    return min(max(1, full * reading.capacity // reading.load), 1 + finished)
 
 
 def describe(full: int, allowed: int, reading: Reading) -> str:

@@ -597,7 +597,7 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
     elif e.kind == MarkerKind.VOID and e.operation_key in p.undo_of:
         undo = p.compensations[p.undo_of[e.operation_key]]
         if undo.in_flight and undo.operation_key == e.operation_key:
-            p.reserved -= p.reservations.pop(e.operation_key, Decimal(0))
+            _release(p, p.nodes[undo.node], e.operation_key)  # the undo's reservation; the node is not its
             undo.in_flight = False
             undo.voided += 1  # never sent: decided again, and it does not count against the retries
     elif e.kind == MarkerKind.VOID and e.node in p.nodes:

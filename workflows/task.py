@@ -277,13 +277,7 @@ class TaskWorkflow:
                 raise ApplicationError(
                     f"run fenced off: {self._fenced}", type="StaleEpoch", non_retryable=True
                 )
-            for undo in p.uncompensated():
-                if (
-                    undo.in_flight
-                    and undo.action is not None
-                    and undo.action.operation_key not in self._started
-                ):
-                    self._act(p, undo.action)  # a run that took the task over: the undo a lost run began
+            self._adopt_open_operations(p)  # a run that took the task over: the undo a lost run began
             self._tell(p)
             now = workflow.now()
             decided = decide(p, now)
@@ -585,18 +579,23 @@ class TaskWorkflow:
         new = await self._ledger("ledger.mark", mark)
         self._apply(p, new)
 
-    def _unadopted(self, p: Projection) -> list[Dispatch | StaticGate]:
+    def _unadopted(self, p: Projection) -> list[Dispatch | StaticGate | Compensate]:
         """Every INTENT on record without a resolution and without an executor in this run (nodes first, then
-        gates: the order their executors are started in)."""
+        gates, then a terminal task's undos: the order their executors are started in)."""
         # Runs every iteration: filter before ordering (normally nothing is left to order).
         waiting = (
             n for ids in p.running.values() for n in ids if p.nodes[n].operation_key not in self._started
         )
-        actions: list[Dispatch | StaticGate] = []
+        actions: list[Dispatch | StaticGate | Compensate] = []
         for n in p.in_order(waiting):
             assert n.dispatch is not None  # an operation in flight always has its recorded Dispatch
             actions.append(n.dispatch)
-        return actions + [g for g in p.gate_pending.values() if g.operation_key not in self._started]
+        actions += [g for g in p.gate_pending.values() if g.operation_key not in self._started]
+        return actions + [
+            u.action
+            for u in p.compensations.values()
+            if u.in_flight and u.action is not None and u.action.operation_key not in self._started
+        ]
 
     def _adopt_open_operations(self, p: Projection) -> None:
         """Every INTENT on record without a resolution and without an executor in this run gets one, same key.

@@ -60,7 +60,8 @@ def test_requests_enter_the_queue_with_their_intent_and_leave_with_a_decision_or
     recorder.append_idempotent(tid, to_new(decided, dedup_key=f"{tid}:resolution:a"))
     assert recorder.open_requests_by_project()[f"project:{project}"] == 1
     # A repeat of the decision writes nothing, and changes nothing.
-    recorder.append_idempotent(tid, to_new(decided, dedup_key=f"{tid}:resolution:a"))
+    _, inserted = recorder.append_idempotent(tid, to_new(decided, dedup_key=f"{tid}:resolution:a"))
+    assert not inserted and recorder.open_requests_by_project()[f"project:{project}"] == 1
     timeout = SystemMarker(kind=MarkerKind.TIMEOUT, request_id="approval:b:v1")
     recorder.append_idempotent(tid, to_new(timeout, dedup_key=f"{tid}:resolution:b"))
     assert f"project:{project}" not in recorder.open_requests_by_project()
