@@ -1,8 +1,9 @@
 """The ledger's own error hierarchy.
 
-Driver errors (psycopg, SQLAlchemy) are translated into these exactly once, at the recorder boundary, so no
-caller ever has to know which driver the ledger runs on. Each error keeps its constructor arguments as
-attributes and pickles cleanly (``__reduce__``), because errors cross process boundaries in tests and workers.
+Driver errors (psycopg, SQLAlchemy) are translated into these exactly once, at the ledger's boundary
+(``ledger.pgerrors``), so no caller ever has to know which driver the ledger runs on. Each error keeps its
+constructor arguments as attributes and pickles cleanly (``__reduce__``), because errors cross process
+boundaries in tests and workers.
 """
 
 from __future__ import annotations

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-import psycopg.errors
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 from sqlalchemy import exc as sa_exc
 
 from ledger.errors import SchemaMismatch
-from ledger.recorder import _translated  # the one translation of driver errors into ledger errors
+from ledger.pgerrors import translated, undefined_table
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -132,7 +131,7 @@ def upgrade(target: Engine | str) -> Upgraded:
     """
     from alembic import command
 
-    with _translated(), _engine(target) as engine:
+    with translated(), _engine(target) as engine:
         found = _found(engine)
         if found.revisions == (HEAD,):  # every start of the stack and of each test session: no lock, no DDL
             return Upgraded(HEAD, HEAD)
@@ -186,7 +185,7 @@ def heads() -> list[str]:
 
 
 def _found(target: Engine | str) -> Found:
-    with _translated(), _engine(target) as engine, engine.connect() as conn:
+    with translated(), _engine(target) as engine, engine.connect() as conn:
         # One statement, atomic on its own: AUTOCOMMIT saves the BEGIN and ROLLBACK round trips.
         return _read(conn.execution_options(isolation_level="AUTOCOMMIT"))
 
@@ -211,7 +210,7 @@ def _read(conn: Connection) -> Found:
     try:
         return Found(tuple(conn.execute(_REVISIONS).scalars()))
     except sa_exc.ProgrammingError as e:
-        if not isinstance(e.orig, psycopg.errors.UndefinedTable):
+        if not undefined_table(e):
             raise
     conn.rollback()  # without AUTOCOMMIT, the failed statement aborted the implicit transaction
     return _read_catalog(conn)

@@ -25,7 +25,6 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
-    Engine,
     ForeignKey,
     Index,
     Integer,
@@ -117,9 +116,9 @@ route_events: Final = Table(
     Index("ix_route_events_route", "route", "id"),
 )
 
-# Every route's shared circuit breaker and fallback state (rules.routing.Health), one mutable row per route:
-# read in the same statement that fences and reserves a dispatch's INTENT (and recorded in it), changed only
-# by optimistic UPDATEs (``version``) — the breaker's transitions, a probe's or a canary's claim, a
+# Every route's shared circuit breaker and fallback state (rules.routing.RouteHealth), one mutable row per
+# route: read in the same statement that fences and reserves a dispatch's INTENT (and recorded in it), changed
+# only by optimistic UPDATEs (``version``) — the breaker's transitions, a probe's or a canary's claim, a
 # qualification. Every change is also logged, append-only, in ``route_changes``.
 route_breakers: Final = Table(
     "route_breakers",
@@ -226,13 +225,3 @@ approver_keys: Final = Table(
     Index("uq_approver_keys_add", "key_id", unique=True, postgresql_where=text("action = 'add'")),
 )
 APPROVER_KEY_CONSTRAINT: Final = "uq_approver_keys_add"
-
-
-def create_schema(engine: Engine) -> None:
-    """Bring the database to this ledgerflow's schema (``ledger.migrate.upgrade``); safe to repeat and race.
-
-    Runs DDL: only for callers that were asked to (``ledgerflow db upgrade``, the embedded stack, tests).
-    """
-    from ledger.migrate import upgrade  # ledger.migrate builds on the recorder, which imports this module
-
-    upgrade(engine)

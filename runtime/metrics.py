@@ -11,17 +11,14 @@ Off unless ``LEDGERFLOW_METRICS_PORT`` is set. Then the worker serves, on ``LEDG
 * ``/healthz``: 200 ``{"status": "ok"}`` when a gRPC health check of Temporal's frontend and ``SELECT 1``
   on the ledger both succeed within ~2 s; else 503 with a one-line JSON reason naming what failed.
 
-Business metrics are facts of the ledger, not of one process: they are computed when scraped, by a few
-aggregate queries in one read-only REPEATABLE READ transaction (one snapshot, so the numbers agree with each
-other), on a connection opened for the scrape and closed after it. Every worker exports the same numbers,
-so scrape any one; when several are scraped, aggregate with ``max by (…)`` first (the dashboard in
-``ops/grafana/ledgerflow.json`` does). Each query groups in SQL: a scrape returns rows per project,
-executor and kind, never per event. It still reads the ledger's result, marker and INTENT rows, so its cost
-grows with the ledger; ``ledgerflow_ledger_scrape_seconds`` shows it, and a statement timeout caps it.
-
-A task's project is its plan's (``TaskCreated``, seq 1). An operation's executor is its INTENT's: a
-Dispatch's ``executor``, ``gate`` for a static gate, and ``planner`` for the LLM planner's calls (which
-have no INTENT). Money is in the plan's currency units.
+Business metrics are facts of the ledger, not of one process: they are computed when scraped, by the
+aggregate queries of ``ledger.reports`` in one read-only snapshot (so the numbers agree with each other), on
+a connection opened for the scrape and closed after it. Every worker exports the same numbers, so scrape any
+one; when several are scraped, aggregate with ``max by (…)`` first (the dashboard in
+``ops/grafana/ledgerflow.json`` does). A scrape returns rows per project, executor and kind, never per
+event, but its cost grows with the ledger; ``ledgerflow_ledger_scrape_seconds`` shows it, and a statement
+timeout caps it. A task's project, an operation's executor and the money's units are as ``ledger.reports``
+says.
 
 =======================================================  ==================================================
 metric                                                   derived from
@@ -34,8 +31,8 @@ metric                                                   derived from
 ``ledgerflow_open_operations{project,executor}``         INTENTs of an operation (a Dispatch or static gate)
                                                          with no ``{op}:result`` event yet
 ``ledgerflow_failures_total{project,executor,kind}``     Failure events by kind: each is an attempt that
-                                                         failed; ``technical`` ones are retried (R8), the
-                                                         others go to a person (R9)
+                                                         failed; ``technical`` ones are retried, the others
+                                                         go to a person
 ``ledgerflow_cost_anomalies_total{project,executor}``    ``cost_anomaly`` markers
 ``ledgerflow_human_queue_depth{project,kind}``           open requests to people: a request's INTENT with
                                                          no ``{task}:resolution:{id}`` event (a decision or
@@ -67,7 +64,7 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from datetime import timedelta
@@ -85,14 +82,15 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from ledger import reports
+from ledger.errors import LedgerError
 from rules.actions import RequestKind
-from rules.keys import resolution_key, result_key
 from runtime.settings import ConfigError
 
 log = logging.getLogger("ledgerflow.metrics")
@@ -143,130 +141,8 @@ def ledger_engine(database_url: str) -> Engine:
     )
 
 
-# ── the queries ────────────────────────────────────────────────────────────────────────────────────────────
-# Shared pieces. The project join is a primary-key lookup per group (TaskCreated is every task's seq 1);
-# rows of a task without one (not written by a workflow) are left out. The executor join goes through
-# ix_events_operation_key.
-_PROJECT: Final = """
-    JOIN events c ON c.task_id = g.task_id AND c.seq = 1 AND c.type = 'TaskCreated'"""
-_EXECUTOR: Final = """
-    LEFT JOIN LATERAL (
-        SELECT CASE i.payload->'action'->>'kind' WHEN 'StaticGate' THEN 'gate'
-                    ELSE i.payload->'action'->>'executor' END AS executor
-        FROM events i WHERE i.operation_key = g.operation_key AND i.type = 'Intent' LIMIT 1
-    ) x ON true"""
-_BY_PROJECT_EXECUTOR: Final = (
-    "SELECT c.payload->'plan'->>'project' AS project, COALESCE(x.executor, 'planner') AS executor"
-)
-
-# Grouped by operation first, so each executor lookup happens once per operation, not once per event.
-SPEND: Final = f"""
-WITH g AS (
-    SELECT task_id, operation_key,
-           sum(CASE type WHEN 'Decision' THEN (payload->>'cost')::numeric
-                         WHEN 'SystemMarker' THEN (payload->>'amount')::numeric
-                         ELSE (payload->>'actual_cost')::numeric END) AS cost
-    FROM events
-    WHERE type IN ('Outcome', 'Failure', 'ExecutionResult', 'Decision')
-       OR (type = 'SystemMarker' AND payload->>'kind' = 'late_charge')
-    GROUP BY task_id, operation_key
-)
-{_BY_PROJECT_EXECUTOR}, COALESCE(sum(g.cost), 0) FROM g {_PROJECT} {_EXECUTOR}
-GROUP BY 1, 2"""
-
-FAILURES: Final = f"""
-WITH g AS (
-    SELECT task_id, operation_key, payload->>'kind' AS kind, count(*) AS n
-    FROM events WHERE type = 'Failure' GROUP BY task_id, operation_key, kind
-)
-{_BY_PROJECT_EXECUTOR}, g.kind, sum(g.n) FROM g {_PROJECT} {_EXECUTOR}
-GROUP BY 1, 2, 3"""
-
-ANOMALIES: Final = f"""
-WITH g AS (
-    SELECT task_id, operation_key, count(*) AS n
-    FROM events WHERE type = 'SystemMarker' AND payload->>'kind' = 'cost_anomaly'
-    GROUP BY task_id, operation_key
-)
-{_BY_PROJECT_EXECUTOR}, sum(g.n) FROM g {_PROJECT} {_EXECUTOR}
-GROUP BY 1, 2"""
-
-# Every route's shared breaker row (rules.routing): its state, and when it last qualified as a fallback.
-ROUTE_BREAKERS: Final = "SELECT route, state, qualified_at FROM route_breakers ORDER BY route"
-
-# An operation is open from its INTENT until its one result (Outcome, Failure, ExecutionResult or void) is
-# written under the unique dedup key ``{op}:result``: an index lookup per INTENT.
-OPEN_OPERATIONS: Final = f"""
-WITH g AS (
-    SELECT DISTINCT ON (i.operation_key) i.task_id, i.operation_key,
-           COALESCE((i.payload->>'reservation')::numeric, 0) AS reservation
-    FROM events i
-    WHERE i.type = 'Intent' AND i.operation_key IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM events r WHERE r.dedup_key = i.operation_key || :result_suffix)
-)
-{_BY_PROJECT_EXECUTOR}, count(*), sum(g.reservation) FROM g {_PROJECT} {_EXECUTOR}
-GROUP BY 1, 2"""
-
-# A request's one resolution (a person's decision or the timeout marker) has the unique dedup key
-# ``{task}:resolution:{request}`` (rules.keys.resolution_key). A request left open in a task that ended is
-# in no queue (ledgerflow.queue.open_items), so the end is checked on the task's own rows.
-_REQUESTS: Final = """
-WITH requests AS (
-    SELECT i.task_id, i.recorded_at, i.payload->'action'->'request'->>'kind' AS kind,
-           i.task_id || :resolution_infix || (i.payload->'action'->'request'->>'id') AS resolution_key
-    FROM events i
-    WHERE i.type = 'Intent' AND i.payload->'action'->>'kind' IN ('SuspendForHuman', 'Escalate')
-      AND jsonb_typeof(i.payload->'action'->'request') = 'object'
-)"""
-
-OPEN_REQUESTS: Final = f"""{_REQUESTS}
-SELECT c.payload->'plan'->>'project', g.kind, count(*), max(extract(epoch FROM now() - g.recorded_at))
-FROM requests g {_PROJECT}
-WHERE NOT EXISTS (SELECT 1 FROM events d WHERE d.dedup_key = g.resolution_key)
-  AND NOT EXISTS (
-      SELECT 1 FROM events t
-      WHERE t.task_id = g.task_id
-        AND ((t.type = 'Intent' AND t.payload->'action'->>'kind' = 'Complete')
-             OR (t.type = 'Escalation' AND t.payload->>'terminal' = 'true')))
-GROUP BY 1, 2"""
-
-DECIDED_WAITS: Final = f"""{_REQUESTS}
-SELECT c.payload->'plan'->>'project', g.kind, count(*), sum(extract(epoch FROM d.recorded_at - g.recorded_at))
-FROM requests g JOIN events d ON d.dedup_key = g.resolution_key AND d.type = 'HumanDecision' {_PROJECT}
-GROUP BY 1, 2"""
-
-PROJECTS: Final = "SELECT substr(scope, 9) FROM budget_accounts WHERE scope LIKE 'project:%'"
-
-FIRST_REVIEWS: Final = f"""
-WITH g AS (
-    SELECT DISTINCT ON (task_id) task_id, payload->>'verdict' AS verdict
-    FROM events
-    WHERE type = 'ExecutionResult' AND payload->>'kind' = 'review' AND payload->>'verdict' IS NOT NULL
-    ORDER BY task_id, seq
-)
-SELECT c.payload->'plan'->>'project', g.verdict, count(*) FROM g {_PROJECT}
-GROUP BY 1, 2"""
-
-USABLE_OUTPUT: Final = f"""
-WITH g AS (
-    SELECT DISTINCT task_id FROM events
-    WHERE type = 'Intent' AND payload->'action'->>'kind' = 'Complete'
-)
-SELECT c.payload->'plan'->>'project', sum(o.duration), sum(a.spent)
-FROM g {_PROJECT}
-JOIN LATERAL (
-    SELECT (e.payload->'artifact'->'media'->>'duration_s')::float8 AS duration
-    FROM events e WHERE e.task_id = g.task_id AND e.type = 'Outcome' AND e.payload->>'node' = 'compose'
-    ORDER BY e.seq DESC LIMIT 1
-) o ON o.duration > 0
-JOIN budget_accounts a ON a.scope = 'task:' || g.task_id
-GROUP BY 1"""
-
+# ── the ledger's metrics ───────────────────────────────────────────────────────────────────────────────────
 PASSING_VERDICTS: Final = frozenset({"Pass", "SoftWarning"})
-# The dedup keys the queries look results up by, built where every key is built (rules.keys).
-KEY_PARTS: Final = {"result_suffix": result_key(""), "resolution_infix": resolution_key("", "")}
-
-Rows = Callable[[str], Sequence[tuple[Any, ...]]]
 
 
 class LedgerCollector(Collector):
@@ -278,12 +154,9 @@ class LedgerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         try:
-            with self._engine.connect() as conn:
-                # One snapshot for every query, read-only: nothing here may ever write to the ledger.
-                conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-                families = list(self._families(conn))
+            families = list(self._families(reports.facts(self._engine)))
             up = 1.0
-        except SQLAlchemyError as e:
+        except LedgerError as e:
             log.warning("ledger metrics unavailable: %s", one_line(e))
             families, up = [], 0.0
         yield from families
@@ -294,13 +167,10 @@ class LedgerCollector(Collector):
             value=time.perf_counter() - started,
         )
 
-    def _families(self, conn: Connection) -> Iterator[Metric]:
-        def rows(sql: str) -> Sequence[tuple[Any, ...]]:
-            return [tuple(row) for row in conn.execute(text(sql), KEY_PARTS)]
-
+    def _families(self, facts: reports.Facts) -> Iterator[Metric]:
         pe = ["project", "executor"]
         spend = CounterMetricFamily("ledgerflow_spend", "Money spent, as the ledger records it.", labels=pe)
-        for project, executor, cost in rows(SPEND):
+        for project, executor, cost in facts.spend:
             spend.add_metric([project, executor], float(cost))
         yield spend
 
@@ -308,7 +178,7 @@ class LedgerCollector(Collector):
             "ledgerflow_open_operations", "Operations with an INTENT and no result yet.", labels=pe
         )
         reserved = GaugeMetricFamily("ledgerflow_reserved", "Money reserved by open operations.", labels=pe)
-        for project, executor, n, amount in rows(OPEN_OPERATIONS):
+        for project, executor, n, amount in facts.open_operations:
             open_ops.add_metric([project, executor], float(n))
             reserved.add_metric([project, executor], float(amount))
         yield open_ops
@@ -317,20 +187,20 @@ class LedgerCollector(Collector):
         failures = CounterMetricFamily(
             "ledgerflow_failures", "Failed attempts by failure kind.", labels=[*pe, "kind"]
         )
-        for project, executor, kind, n in rows(FAILURES):
+        for project, executor, kind, n in facts.failures:
             failures.add_metric([project, executor, kind], float(n))
         yield failures
 
         anomalies = CounterMetricFamily("ledgerflow_cost_anomalies", "cost_anomaly markers.", labels=pe)
-        for project, executor, n in rows(ANOMALIES):
+        for project, executor, n in facts.anomalies:
             anomalies.add_metric([project, executor], float(n))
         yield anomalies
 
-        yield from self._people(rows)
-        yield from self._quality(rows)
-        yield from self._routes(rows)
+        yield from self._people(facts)
+        yield from self._quality(facts)
+        yield from self._routes(facts)
 
-    def _routes(self, rows: Rows) -> Iterator[Metric]:
+    def _routes(self, facts: reports.Facts) -> Iterator[Metric]:
         """Each route's shared breaker (rules.routing): 1 on its current state's series, 0 on the others."""
         breaker = GaugeMetricFamily(
             "ledgerflow_route_breaker",
@@ -342,7 +212,7 @@ class LedgerCollector(Collector):
             "When a fallback route last passed its regression set (unix time).",
             labels=["route"],
         )
-        for route, state, at in rows(ROUTE_BREAKERS):
+        for route, state, at in facts.route_breakers:
             for s in ("closed", "open", "half_open"):
                 breaker.add_metric([route, s], 1.0 if s == state else 0.0)
             if at is not None:
@@ -350,15 +220,15 @@ class LedgerCollector(Collector):
         yield breaker
         yield qualified
 
-    def _people(self, rows: Rows) -> Iterator[Metric]:
+    def _people(self, facts: reports.Facts) -> Iterator[Metric]:
         pk = ["project", "kind"]
         depth: dict[tuple[str, str], int] = {
-            (p, k.value): 0 for (p,) in rows(PROJECTS) for k in RequestKind
+            (p, k.value): 0 for p in facts.projects for k in RequestKind
         }  # a queue that empties shows 0, not a gap
         oldest = GaugeMetricFamily(
             "ledgerflow_human_oldest_wait_seconds", "Age of the oldest open request to a person.", labels=pk
         )
-        for project, kind, n, age in rows(OPEN_REQUESTS):
+        for project, kind, n, age in facts.open_requests:
             depth[(project, kind)] = n
             oldest.add_metric([project, kind], float(age))
         queue = GaugeMetricFamily("ledgerflow_human_queue_depth", "Open requests to people.", labels=pk)
@@ -375,18 +245,18 @@ class LedgerCollector(Collector):
         waits = SummaryMetricFamily(
             "ledgerflow_human_wait_seconds", "How long decided requests waited for a person.", labels=pk
         )
-        for project, kind, n, seconds in rows(DECIDED_WAITS):
+        for project, kind, n, seconds in facts.decided_waits:
             waits.add_metric([project, kind], count_value=int(n), sum_value=float(seconds))
         yield waits
 
-    def _quality(self, rows: Rows) -> Iterator[Metric]:
+    def _quality(self, facts: reports.Facts) -> Iterator[Metric]:
         first = CounterMetricFamily(
             "ledgerflow_first_reviews",
             "Tasks by the verdict of their first review.",
             labels=["project", "verdict"],
         )
         passed: dict[str, list[int]] = {}
-        for project, verdict, n in rows(FIRST_REVIEWS):
+        for project, verdict, n in facts.first_reviews:
             first.add_metric([project, verdict], float(n))
             counts = passed.setdefault(project, [0, 0])
             counts[0] += n if verdict in PASSING_VERDICTS else 0
@@ -410,7 +280,7 @@ class LedgerCollector(Collector):
             "Completed tasks' whole spend per second of output they delivered.",
             labels=["project"],
         )
-        for project, duration, spent in rows(USABLE_OUTPUT):
+        for project, duration, spent in facts.usable_output:
             seconds.add_metric([project], float(duration))
             per_second.add_metric([project], float(spent) / duration)
         yield seconds
@@ -418,7 +288,7 @@ class LedgerCollector(Collector):
 
 
 # ── health ───────────────────────────────────────────────────────────────────────────────────────────────
-class Health:
+class Readiness:
     """Readiness: Temporal's frontend answers its health check and the ledger answers ``SELECT 1``.
 
     ``check`` is called from the server's thread; the Temporal call runs on the worker's event loop (the
@@ -468,7 +338,7 @@ class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], registry: CollectorRegistry, health: Health, sdk_url: str | None
+        self, address: tuple[str, int], registry: CollectorRegistry, health: Readiness, sdk_url: str | None
     ) -> None:
         super().__init__(address, _Handler)
         self.registry = registry
@@ -540,7 +410,7 @@ def serve_metrics(
     sdk_url = f"http://127.0.0.1:{settings.sdk_port()}/metrics" if sdk else None
     address = (settings.metrics_host, settings.metrics_port)
     try:
-        server = MetricsServer(address, registry, Health(client, engine, loop), sdk_url)
+        server = MetricsServer(address, registry, Readiness(client, engine, loop), sdk_url)
     except OSError as e:
         engine.dispose()
         raise ConfigError(f"LEDGERFLOW_METRICS_PORT {settings.metrics_port}: {e.strerror or e}") from None

@@ -24,7 +24,7 @@ from ledger.errors import LedgerError, LedgerUnavailable, SchemaMismatch
 from ledger.migrate import HEAD
 from ledger.recorder import Recorder
 from ledger.schema import metadata
-from ledgerflow import pg
+from ledgerflow.stack import pg
 from rules.envelope import NewEvent
 
 # What ``create_schema_on`` of the last release before migrations (its SCHEMA_VERSION 4) made, frozen: its

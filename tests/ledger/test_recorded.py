@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
-from activities.models import StageInput
+from activities.contracts import StageInput
 from activities.operation import recorded
 from ledger.recorder import Recorder
 from rules.envelope import NewEvent, StoredEvent

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ledger.errors import AlreadyResolved, DuplicateEvent, LedgerUnavailable, StaleEpoch, TaskNotFound
 from ledger.recorder import Recorder
-from ledgerflow import pg
+from ledgerflow.stack import pg
 from rules.envelope import NewEvent, StoredEvent
 
 T = TypeVar("T")

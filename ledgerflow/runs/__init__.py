@@ -1,0 +1,1 @@
+"""Drills and runs: the crash drill, the outage drill, the soak and route qualification."""

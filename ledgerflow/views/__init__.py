@@ -1,0 +1,1 @@
+"""Operator views: what the CLI (and the reviewer page) read from the ledger and Temporal and show."""
