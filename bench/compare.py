@@ -33,7 +33,9 @@ from temporalio.worker import Worker
 
 from bench.bare import BareActivities, BareDag, BareInput
 from ledger import migrate
-from ledgerflow import pg, stack, stats
+from ledgerflow.stack import pg
+from ledgerflow.stack import services as stack
+from ledgerflow.views import stats
 from rules.dag import build_graph
 from rules.plan import load_plan
 from runtime.settings import Settings

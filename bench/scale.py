@@ -18,7 +18,7 @@ import asyncio
 import sys
 
 from ledgerflow import client as lf
-from ledgerflow.soak import run_soak
+from ledgerflow.runs.soak import run_soak
 from runtime.settings import Settings
 from workflows.contracts import workflow_id
 

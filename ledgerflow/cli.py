@@ -8,6 +8,7 @@ stderr and exit code 2 — never a traceback. Every command honours ``LEDGERFLOW
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import functools
 import json
 import sys
@@ -15,17 +16,18 @@ import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from ledger.errors import LedgerError
-from ledgerflow import client as lf
-from ledgerflow.stack import StackError
-from rules.money import parse_amount
-from rules.plan import PlanError
-from runtime.settings import ConfigError, get_settings
+from ledgerflow.errors import ClientError, StackError
+
+if TYPE_CHECKING:
+    from runtime.settings import Settings
+
+# Imports stay inside the commands: `ledgerflow --help` (and a mistyped option) must not load Temporal's SDK,
+# SQLAlchemy or the ledger (tests/cli/test_lazy.py holds this).
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Trustworthy orchestration of paid pipelines."
@@ -34,15 +36,50 @@ out = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
-USER_ERRORS = (
-    PlanError,
-    ConfigError,
-    StackError,
-    LedgerError,
-    lf.ClientError,
-    FileNotFoundError,
-    IsADirectoryError,
-)
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            out.print(f"ledgerflow {version('ledgerflow')}", highlight=False)
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            out.print("ledgerflow (not installed: no version)", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """Trustworthy orchestration of paid pipelines."""
+
+
+def get_settings() -> Settings:
+    """This deployment's settings (``LEDGERFLOW_*`` and ``.ledgerflow/stack.json``), read once."""
+    from runtime.settings import get_settings as settings
+
+    return settings()
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The errors a user can fix, each printed as one line with exit code 2 (imported when one is raised)."""
+    from ledger.errors import LedgerError
+    from rules.plan import PlanError
+    from runtime.settings import ConfigError
+
+    return (
+        PlanError,
+        ConfigError,
+        StackError,
+        LedgerError,
+        ClientError,
+        FileNotFoundError,
+        IsADirectoryError,
+    )
 
 
 def friendly(fn: F) -> F:
@@ -52,7 +89,9 @@ def friendly(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except USER_ERRORS as e:
+        except Exception as e:
+            if not isinstance(e, user_errors()):
+                raise
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
@@ -70,6 +109,8 @@ def _read(path: Path, what: str = "plan") -> str:
     try:
         return path.read_text()
     except UnicodeDecodeError:
+        from rules.plan import PlanError
+
         raise PlanError(f"{what}: {path} is not a text file") from None
 
 
@@ -83,7 +124,7 @@ def up(
 ) -> None:
     """Start the embedded stack (Temporal dev server + UI, Postgres, vendor simulator, the ledger's migration,
     N workers); return once each worker it started reports healthy."""
-    from ledgerflow import stack
+    from ledgerflow.stack import services as stack
 
     s = stack.up(
         get_settings(),
@@ -91,7 +132,14 @@ def up(
         workers=workers,
         log=lambda line: out.print(line, highlight=False, soft_wrap=True),
     )
-    out.print(f"Temporal  {s['temporal_address']}   Web UI {s.get('ui_url')}")
+    moved = dict(s.get("moved_ports") or {})
+
+    def busy(key: str) -> str:  # a standard port that was busy when the server started
+        return f" ({moved[key]['standard']} was busy)" if key in moved else ""
+
+    out.print(
+        f"Temporal  {s['temporal_address']}{busy('temporal')}   Web UI {s.get('ui_url')}{busy('temporal_ui')}"
+    )
     out.print(f"Postgres  {s['database_url']}")
     out.print(f"Vendor    {s['vendor_url']}")
     out.print(
@@ -116,7 +164,7 @@ def review(
 @friendly
 def down() -> None:
     """Stop the embedded stack."""
-    from ledgerflow import stack
+    from ledgerflow.stack import services as stack
 
     stopped = stack.down(get_settings())
     out.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -144,6 +192,8 @@ def submit(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Validate a plan and start its task. A task id can only be submitted once."""
+    from ledgerflow import client as lf
+
     settings = get_settings()
     parsed = lf.parse_plan(_read(plan), task_id)
     tid = parsed.task_id or f"task-{uuid.uuid4().hex[:12]}"
@@ -163,6 +213,8 @@ def resume(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Take a task over from the ledger alone, after its workflow was terminated or lost."""
+    from ledgerflow import client as lf
+
     result = asyncio.run(lf.resume(get_settings(), task_id, wait=wait))
     _report_start(result, as_json, f"resumed task {task_id} (run {result.get('run_id')})")
 
@@ -187,6 +239,8 @@ def reconcile(
     apply: Annotated[bool, typer.Option("--apply", help="resume them (default: only list)")] = False,
 ) -> None:
     """Find unfinished tasks whose workflow is not running; with --apply, resume each from the ledger."""
+    from ledgerflow import client as lf
+
     settings = get_settings()
     orphans = asyncio.run(lf.open_tasks_without_a_run(settings))
     if not orphans:
@@ -206,6 +260,7 @@ def status(
     task_id: str, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
 ) -> None:
     """Show a task's state, nodes, money and open requests."""
+    from ledgerflow import client as lf
     from workflows.contracts import workflow_id
 
     settings = get_settings()
@@ -214,7 +269,7 @@ def status(
     if as_json:
         out.print_json(json.dumps({**summary, "ui_url": link} if link else summary, default=str))
         return
-    from ledgerflow.report import status_table
+    from ledgerflow.views.report import status_table
 
     out.print(status_table(summary))
     if link:
@@ -223,16 +278,40 @@ def status(
 
 @app.command()
 @friendly
+def tasks(
+    project: Annotated[str | None, typer.Option("--project", help="only this project's tasks")] = None,
+    waiting: Annotated[bool, typer.Option("--waiting", help="only tasks waiting on a person")] = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="at most this many")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """List tasks, newest first: state, project, spent, whether waiting on a person (from Temporal's search
+    attributes: one query, however many tasks)."""
+    from ledgerflow.views.tasks import list_tasks, table
+
+    rows = asyncio.run(list_tasks(get_settings(), project, waiting=waiting, limit=limit))
+    if as_json:
+        out.print_json(json.dumps([r.as_json() for r in rows]))
+    elif not rows:
+        which = " waiting on a person" if waiting else ""
+        out.print(f"no tasks{which}" + (f" in project {project}" if project else ""), highlight=False)
+    else:
+        out.print(table(rows))
+
+
+@app.command()
+@friendly
 def events(
     task_id: str, as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False
 ) -> None:
     """List a task's ledger events in order."""
+    from ledgerflow import client as lf
+
     rows = lf.events(get_settings(), task_id)
     if as_json:
         for e in rows:
             sys.stdout.write(e.model_dump_json() + "\n")
         return
-    from ledgerflow.report import events_table
+    from ledgerflow.views.report import events_table
 
     out.print(events_table(rows))
 
@@ -243,7 +322,8 @@ def artifacts(
     task_id: str, as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False
 ) -> None:
     """Every artifact a task registered: where it is, what it is, what it was made from, paid or reused."""
-    from ledgerflow.lineage import artifact_rows, artifacts_table
+    from ledgerflow import client as lf
+    from ledgerflow.views.lineage import artifact_rows, artifacts_table
 
     rows = artifact_rows(lf.events(get_settings(), task_id))
     if as_json:
@@ -262,8 +342,8 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """A task's projection as it was after event SEQ (default: now), folded from the ledger."""
-    from ledgerflow.report import status_table
-    from ledgerflow.versions import show_at
+    from ledgerflow.views.report import status_table
+    from ledgerflow.views.versions import show_at
 
     summary = show_at(get_settings(), task_id, at)
     if as_json:
@@ -280,8 +360,8 @@ def evals(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Review scores per composition version; regressions flagged (exit 1 if any)."""
-    from ledgerflow.versions import evals as read_evals
-    from ledgerflow.versions import evals_table
+    from ledgerflow.views.versions import evals as read_evals
+    from ledgerflow.views.versions import evals_table
 
     rows = read_evals(get_settings(), task_id, threshold)
     if as_json:
@@ -295,10 +375,11 @@ def evals(
 @app.command()
 @friendly
 def demo(
-    plan: Annotated[Path, typer.Option(help="plan to run")] = Path("examples/e001_video.yaml"),
+    plan: Annotated[Path, typer.Option(help="plan to run")] = Path("examples/e001_demo.yaml"),
 ) -> None:
-    """Bring the stack up if needed, run the E001 plan unattended with a live view, and report."""
-    from ledgerflow.demo import run_demo
+    """Bring the stack up if needed, run the E001 plan unattended with a live view, and report; says where
+    everything is, and how to answer (and by when) whenever the task waits on a person."""
+    from ledgerflow.stack.demo import run_demo
 
     raise typer.Exit(run_demo(get_settings(), _read(plan), out))
 
@@ -328,13 +409,13 @@ def drill(
 ) -> None:
     """A seeded random crash campaign on the embedded stack (or, with --scenario vendor-outage, a vendor
     going down mid-episode); exit 1 unless every invariant holds."""
-    from ledgerflow.drill import run_drill
+    from ledgerflow.runs.drill import run_drill
 
     if scenario == "vendor-outage":
-        from ledgerflow.outage import run_outage_drill
+        from ledgerflow.runs.outage import run_outage_drill
 
         if failure not in ("errors", "quality"):
-            raise lf.ClientError(f"--failure {failure[:40]!r} is not errors or quality")
+            raise ClientError(f"--failure {failure[:40]!r} is not errors or quality")
         outage = asyncio.run(
             run_outage_drill(get_settings(), failure=failure, episodes=episodes, shots=shots)
         )
@@ -343,12 +424,12 @@ def drill(
             raise typer.Exit(1)
         return
     if scenario != "crash":
-        raise lf.ClientError(f"--scenario {scenario[:40]!r} is not crash or vendor-outage")
+        raise ClientError(f"--scenario {scenario[:40]!r} is not crash or vendor-outage")
 
     if profile not in ("plain", "realistic"):
-        raise lf.ClientError(f"--profile {profile[:40]!r} is not plain or realistic")
+        raise ClientError(f"--profile {profile[:40]!r} is not plain or realistic")
     if mode not in ("idempotent", "lookup_only", "none"):
-        raise lf.ClientError(f"--mode {mode[:40]!r} is not idempotent, lookup_only or none")
+        raise ClientError(f"--mode {mode[:40]!r} is not idempotent, lookup_only or none")
     report = asyncio.run(run_drill(get_settings(), kills, seed, tasks, profile=profile, mode=mode))
     out.print(report.table())
     if not report.clean:
@@ -373,13 +454,15 @@ def soak(
 ) -> None:
     """Run many copies of a plan under the simulator's failure rates: verdicts, end states, money checks,
     and the run's figures (throughput, dispatch hops, CPU and memory, database connections)."""
-    from ledgerflow.soak import run_soak
+    from ledgerflow.runs.soak import run_soak
 
     profile = None
     if sim is not None:
         try:
             profile = json.loads(_read(sim, "simulator profile"))
         except json.JSONDecodeError as e:
+            from rules.plan import PlanError
+
             raise PlanError(f"simulator profile {sim} is not JSON: {e.msg} at line {e.lineno}") from None
     report = asyncio.run(
         run_soak(get_settings(), _read(plan), tasks, profile, workers=workers, timeout=timeout)
@@ -400,7 +483,7 @@ def budget_set(
     amount: Annotated[str, typer.Argument(help="the ceiling, or 'unlimited'")],
 ) -> None:
     """Set a scope's ceiling (reservations already admitted stay admitted)."""
-    from ledgerflow.money import parse_scope, set_ceiling
+    from ledgerflow.views.money import parse_scope, set_ceiling
 
     ceiling = None if amount.strip().lower() == "unlimited" else _amount(amount)
     account = set_ceiling(get_settings(), parse_scope(scope), ceiling)
@@ -414,7 +497,7 @@ def budget_show(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show ceiling, reserved, spent and remaining, for a scope and every scope under it."""
-    from ledgerflow.money import accounts_table, show
+    from ledgerflow.views.money import accounts_table, show
 
     rows = show(get_settings(), scope)
     if as_json:
@@ -435,11 +518,12 @@ def audit(
 ) -> None:
     """Recompute every decision, check the accounts equal the fold, replay the Temporal histories (and with
     --billing match the vendors' charges to operations); exit 1 at a divergence, naming the first."""
-    from ledgerflow.audit import UnknownTask
-    from ledgerflow.audit import audit as run_audit
+    from ledgerflow import client as lf
+    from ledgerflow.views.audit import UnknownTask
+    from ledgerflow.views.audit import audit as run_audit
 
     if (task_id is None) != every:
-        raise lf.ClientError("give one TASK, or --all for every task in the ledger")
+        raise ClientError("give one TASK, or --all for every task in the ledger")
     settings = get_settings()
 
     async def go() -> Any:
@@ -448,7 +532,7 @@ def audit(
         try:
             return await run_audit(settings, rec, client, None if every else [str(task_id)], billing=billing)
         except UnknownTask as e:
-            raise lf.ClientError(str(e)) from None
+            raise ClientError(str(e)) from None
         finally:
             rec.dispose()
 
@@ -463,10 +547,12 @@ def audit(
 
 
 def _amount(text: str) -> Decimal:
+    from rules.money import parse_amount
+
     try:
         return parse_amount(text)
     except ValueError as e:
-        raise lf.ClientError(f"amount {text[:40]!r} {e}") from None
+        raise ClientError(f"amount {text[:40]!r} {e}") from None
 
 
 # ── people in the loop: the queue, one request, deciding, dead letters ─────────────────────────────────
@@ -476,7 +562,7 @@ def _amount(text: str) -> Decimal:
 @friendly
 def queue(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
     """Open requests across unfinished tasks: escalations and blockers first, then dead letters, approvals."""
-    from ledgerflow import people
+    from ledgerflow.views import people
 
     groups = people.queue(get_settings())
     if as_json:
@@ -492,7 +578,7 @@ def request(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """One request's whole context package: failures, spend, options, artifacts, refused answers."""
-    from ledgerflow import people
+    from ledgerflow.views import people
 
     task_id, rid = people.parse_global_id(request_id)
     detail = people.request(get_settings(), task_id, rid)
@@ -520,7 +606,7 @@ NoteOption = Annotated[str, typer.Option("--note", help="why")]
 
 def _signer(request_id: str, key_file: Path | None, approver: str | None) -> tuple[str, str, Any]:
     """(task id, request id, the key to sign with) for ``TASK_ID/REQUEST_ID``."""
-    from ledgerflow import people
+    from ledgerflow.views import people
 
     task_id, rid = people.parse_global_id(request_id)
     return task_id, rid, people.approver_key(get_settings(), key_file, approver)
@@ -538,7 +624,7 @@ def decide(
     note: NoteOption = "",
 ) -> None:
     """Sign and send a decision, then wait for the worker's ruling: exit 0 accepted, 1 otherwise."""
-    from ledgerflow import people
+    from ledgerflow.views import people
 
     task_id, rid, key = _signer(request_id, key_file, approver)
     sent = asyncio.run(
@@ -556,17 +642,18 @@ def stats(
     project: Annotated[str | None, typer.Option("--project", help="only this project's tasks")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Seed 003's SLOs from the ledger: success, queue duration, first pass, retries, cost per usable second,
-    human wait, invalidation propagation."""
+    """The production SLOs (docs/design.md#production-slos) from the ledger: success, queue duration, first
+    pass, retries, cost per usable second, human wait, invalidation propagation."""
     from datetime import UTC, datetime
 
-    from ledgerflow import stats as slo
+    from ledgerflow import client as lf
+    from ledgerflow.views import stats as slo
     from reconcile.takeover import task_histories
 
     try:
         start = slo.parse_since(since, datetime.now(UTC))
     except ValueError as e:
-        raise lf.ClientError(str(e)) from None
+        raise ClientError(str(e)) from None
     rec = lf.recorder(get_settings())
     try:
         figures = slo.compute(task_histories(rec, unfinished=False), start, project).as_json()
@@ -591,7 +678,7 @@ def sign(
 ) -> None:
     """Print a signed decision (one JSON line) to send any way, e.g. with the stock Temporal CLI:
     temporal workflow signal --workflow-id ledgerflow-task-T --name decide --input "$(ledgerflow sign …)"."""
-    from ledgerflow import people
+    from ledgerflow.views import people
 
     task_id, rid, key = _signer(request_id, key_file, approver)
     payload = people.signed_payload(key, task_id, rid, decision, note=note, amount=amount, scope=scope)
@@ -602,7 +689,7 @@ def sign(
 @friendly
 def dlq(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
     """Nodes with dead-letter requests (open or resolved): original request, attempts, a suggestion."""
-    from ledgerflow import people
+    from ledgerflow.views import people
 
     entries = people.dlq(get_settings())
     if as_json:
@@ -630,6 +717,7 @@ def db_upgrade() -> None:
 def db_current() -> None:
     """The ledger database's schema revision and this ledgerflow's; exit 1 if they differ."""
     from ledger import migrate
+    from ledger.errors import LedgerError
 
     url = get_settings().resolved_database_url()
     for line in migrate.current_lines(url):
@@ -645,6 +733,8 @@ def db_current() -> None:
 def db_sync_queue() -> None:
     """Rebuild the shared queue of open human requests (backpressure) from every task's ledger: after an
     upgrade to schema 0004 with requests already open, or as a repair."""
+    from ledgerflow import client as lf
+
     rec = lf.recorder(get_settings())
     try:
         tasks = rec.task_ids()
@@ -670,7 +760,7 @@ def keys_generate(
     out_file: Annotated[Path, typer.Option("--out", help="where to write the private key file")],
 ) -> None:
     """Make an approver's key pair: the private key file stays with them; register its public key."""
-    from ledgerflow import keys
+    from ledgerflow.views import keys
 
     key = keys.generate(approver, key_id, out_file)
     out.print(f"wrote {out_file} (keep it private)\npublic key {key.public_key}", highlight=False)
@@ -703,7 +793,7 @@ def keys_add(
     expires: Annotated[str | None, typer.Option("--expires", help="ISO 8601 time")] = None,
 ) -> None:
     """Register an approver's public key (an audited entry in the ledger's database)."""
-    from ledgerflow import keys
+    from ledgerflow.views import keys
 
     record = keys.record_from(
         key_file=key_file,
@@ -727,7 +817,7 @@ def keys_revoke(
     reason: Annotated[str, typer.Option("--reason", help="why (recorded)")],
 ) -> None:
     """Revoke a key: decisions signed with it are refused from now on (and audited)."""
-    from ledgerflow import keys
+    from ledgerflow.views import keys
 
     out.print(keys.revoke(get_settings(), key_id, actor=actor, reason=reason), highlight=False)
 
@@ -738,7 +828,7 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Every registered key: approver, what it may sign, validity, revocation."""
-    from ledgerflow import keys
+    from ledgerflow.views import keys
 
     records = keys.listing(get_settings())
     if as_json:
@@ -763,7 +853,7 @@ def routes_list(
     """Every route of this deployment (LEDGERFLOW_ROUTES_FILE, or the built-in table) and its state."""
     if ctx.invoked_subcommand is not None:
         return
-    from ledgerflow.routes_view import route_rows, routes_table
+    from ledgerflow.views.routes import route_rows, routes_table
 
     rows = route_rows(get_settings())
     if as_json:
@@ -780,6 +870,8 @@ def routes_resume(
     note: Annotated[str, typer.Option("--note", help="what was fixed")] = "",
 ) -> None:
     """Resume a route paused by a credentials error, once its key is fixed (every worker picks it up)."""
+    from ledgerflow import client as lf
+
     settings = get_settings()
     rec = lf.recorder(settings)
     try:
@@ -798,7 +890,8 @@ def routes_qualify(
 ) -> None:
     """Run a fallback route's regression set against it and record the result with its scores (exit 1 if
     it did not pass: the route does not serve as a fallback until a run passes)."""
-    from ledgerflow.qualify import QualifyError, qualify
+    from ledgerflow.runs.qualify import QualifyError, qualify
+    from runtime.settings import ConfigError
     from vendors.routes import RouteError
 
     try:
@@ -830,7 +923,8 @@ def routes_changes(
 ) -> None:
     """The routes' history, newest first: breaker opened / half-open / closed, switches to a fallback,
     canaries, qualifications — each with its reason."""
-    from ledgerflow.routes_view import changes_table
+    from ledgerflow import client as lf
+    from ledgerflow.views.routes import changes_table
 
     rec = lf.recorder(get_settings())
     try:
@@ -847,6 +941,7 @@ def routes_changes(
 @friendly
 def routes_check(path: Path) -> None:
     """Validate a route file; one line naming the route and field if it is wrong (exit 2)."""
+    from runtime.settings import ConfigError
     from vendors.routes import RouteError, load_table
 
     try:
@@ -867,6 +962,9 @@ def routes_schema() -> None:
 
 
 def main() -> None:
+    # A crash in native code (a segmentation fault, an abort) prints every thread's Python stack to stderr
+    # before the process dies, instead of nothing.
+    faulthandler.enable()
     app()
 
 

@@ -11,6 +11,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ledger.recorder import Recorder
+from ledgerflow.errors import ClientError as ClientError  # where it always was, for callers
 from reconcile.takeover import orphaned_tasks
 from rules.envelope import StoredEvent
 from rules.plan import Plan, Routes, load_plan
@@ -18,17 +19,14 @@ from rules.projection import fold, summary
 from runtime import telemetry
 from runtime.settings import Settings, get_settings
 from runtime.temporal_config import connect_options
+from vendors.routes import deployment_table
 from workflows.contracts import TaskInput, TaskResult, workflow_id
 from workflows.task import TaskWorkflow
 
 
-class ClientError(Exception):
-    """A task could not be started or found (a user-facing, one-line error)."""
-
-
 def parse_plan(text: str, task_id: str | None = None, routes: Routes | None = None) -> Plan:
     """Validate a plan against this deployment's route table (``LEDGERFLOW_ROUTES_FILE``, or the default)."""
-    return load_plan(text, routes or get_settings().route_table().names(), task_id=task_id)
+    return load_plan(text, routes or deployment_table(get_settings()).names(), task_id=task_id)
 
 
 async def connect(settings: Settings) -> Client:

@@ -3,8 +3,9 @@
 Pages: ``/login``, ``/queue``, ``/requests/{task_id}/{request_id}``, and ``/artifacts/{task_id}/{sha256}``
 (the media the request page shows). API: ``GET /api/queue``, ``GET /api/requests/{task_id}/{request_id}``,
 ``POST /api/decisions/{task_id}``. The page signs a decision in the browser (``static/review.js``) and posts
-it to the same API; the server relays it to the task's workflow as it is (``ledgerflow.people.relay``) and
-answers with the worker's ruling. No private key ever reaches the server.
+it to the same API; the server relays it to the task's workflow as it is
+(``ledgerflow.views.people.relay``) and answers with the worker's ruling. No private key ever reaches the
+server.
 
 Errors are one line: JSON ``{"error": ...}`` under ``/api/`` and for any request with an ``Authorization``
 header (a tool), a small page otherwise; never a traceback.
@@ -31,10 +32,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from artifacts import ArtifactError, ArtifactMissing, ArtifactStore, open_store, store_for_uri
 from ledger.errors import LedgerUnavailable
-from ledgerflow import people
 from ledgerflow.client import ClientError
 from ledgerflow.review import views
 from ledgerflow.review.auth import CSRF_FIELD, Auth, AuthError, Identity, RateLimiter, Session, client_of
+from ledgerflow.views import people
 from rules.people import parse_decision
 from rules.plan import ID_PATTERN
 from rules.projection import TaskState

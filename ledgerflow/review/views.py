@@ -1,7 +1,7 @@
 """What the reviewer page reads: a request's budget choices, and the artifacts a task's ledger names.
 
-The queue and the request detail themselves come from ``ledgerflow.people`` (the CLI's views). Everything
-here is synchronous and hits Postgres: the app calls it from a thread pool.
+The queue and the request detail themselves come from ``ledgerflow.views.people`` (the CLI's views).
+Everything here is synchronous and hits Postgres: the app calls it from a thread pool.
 """
 
 from __future__ import annotations

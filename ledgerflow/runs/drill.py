@@ -1,4 +1,5 @@
-"""``ledgerflow drill``: a seeded random crash campaign against the embedded stack (seed 003's crash drill).
+"""``ledgerflow drill``: a seeded random crash campaign against the embedded stack (the S12 crash drill of
+docs/design.md#the-s12-crash-drill, at random fault points).
 
 A workload of small paid pipelines runs on worker subprocesses. Again and again, a worker is started with a
 random fault point (``runtime.faults.POINTS``) at which it freezes; the drill SIGKILLs it there and starts
@@ -30,8 +31,8 @@ import yaml
 from rich.table import Table
 
 from ledgerflow import client as lf
-from ledgerflow import stack
-from ledgerflow.stats import percentile
+from ledgerflow.stack import services as stack
+from ledgerflow.views.stats import percentile
 from rules.actions import OPERATION_KINDS
 from rules.events import vendor_spend
 from rules.keys import is_result_key
@@ -41,7 +42,7 @@ from runtime.settings import Settings
 from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PLAN = """
 goal: drill pipeline {n}
 budget_ceiling: 50
@@ -306,7 +307,7 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
     always resumes, so the node runs again under a new key and the task can finish. Decisions are signed
     with the demo approver keys and sent as the ``decide`` signal, like ``ledgerflow decide``.
     """
-    from ledgerflow.people import send, signed_payload
+    from ledgerflow.views.people import send, signed_payload
     from runtime.signing import demo_key
 
     answered: set[tuple[str, str]] = set()

@@ -1,4 +1,5 @@
-"""``ledgerflow drill --scenario vendor-outage``: seed 003's exercise three on the embedded stack.
+"""``ledgerflow drill --scenario vendor-outage``: the vendor-outage exercise
+(docs/design.md#the-vendor-outage-exercise) on the embedded stack.
 
 The motion vendor goes down mid-episode. A fresh pair of routes is made for the run (``motion-<stamp>`` and
 its fallback ``motion-<stamp>-backup``, the fallback's ``convert`` renaming ``aspect``); the fallback is
@@ -34,13 +35,13 @@ import yaml
 from rich.table import Table
 
 from ledgerflow import client as lf
-from ledgerflow import stack
-from ledgerflow.drill import ROOT, WorkerProcess, vendor_charges
-from ledgerflow.qualify import qualify
+from ledgerflow.runs.drill import ROOT, WorkerProcess, vendor_charges
+from ledgerflow.runs.qualify import qualify
+from ledgerflow.stack import services as stack
 from rules.events import vendor_spend
 from rules.projection import fold
 from runtime.settings import Settings
-from vendors.routes import DEFAULT_EXECUTORS
+from vendors.routes import DEFAULT_EXECUTORS, deployment_table
 from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 
@@ -163,7 +164,7 @@ async def run_outage_drill(
     rec = lf.recorder(settings)
     handles: list[Any] = []
     task_ids: list[str] = []
-    names = settings.route_table().names()
+    names = deployment_table(settings).names()
 
     async def start(n: int) -> None:
         tid = f"outage-{stamp}-{n:02d}"

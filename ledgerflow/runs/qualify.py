@@ -46,7 +46,7 @@ from runtime.settings import Settings
 from vendors.adapter import JobStatus, VendorJob, job_amount
 from vendors.errors import VendorError
 from vendors.registry import Adapters
-from vendors.routes import RouteTable
+from vendors.routes import RouteTable, deployment_table
 
 JUDGE_SYSTEM = (
     "You judge one generated output against the request that asked for it. Answer with one JSON object "
@@ -149,7 +149,7 @@ def load_set(table: RouteTable, route: str, routes_file: Path | None) -> tuple[P
 
 async def qualify(settings: Settings, route: str, *, actor: str, timeout_s: float = 300.0) -> Qualification:
     """Run ``route``'s regression set and record the result (see the module's docstring)."""
-    table = settings.route_table()
+    table = deployment_table(settings)
     if route not in table.routes:
         raise QualifyError(f"route {route!r} is not in the route table")
     path, regression = load_set(table, route, settings.routes_file)
@@ -251,6 +251,6 @@ async def _media(adapter: Any, job: VendorJob, case: Case) -> Media | None:
             found = await asyncio.to_thread(probe, out)
         except MediaInvalid as e:
             raise VendorError(f"the output is not valid {fmt}: {e}") from None
-    from activities.stages import probed
+    from activities.outputs import probed
 
     return probed(found)

@@ -35,9 +35,9 @@ from temporalio.service import RPCError
 
 from ledger.recorder import Recorder
 from ledgerflow import client as lf
-from ledgerflow import stack
-from ledgerflow.drill import charges_for, duplicates_and_total
-from ledgerflow.stats import percentile
+from ledgerflow.runs.drill import charges_for, duplicates_and_total
+from ledgerflow.stack import services as stack
+from ledgerflow.views.stats import percentile
 from rules.dag import Graph
 from rules.envelope import StoredEvent
 from rules.events import Escalation, ExecutionResult, Intent, Outcome, parse, vendor_spend

@@ -28,19 +28,19 @@ from typing import Any, Final
 
 from ledger import migrate
 from ledger.recorder import Recorder
-from ledgerflow import pg
+from ledgerflow.errors import StackError as StackError  # where it always was, for callers
+from ledgerflow.stack import pg
 from rules.approvers import KeyRecord
 from runtime.process import process_alive
 from runtime.settings import Settings
 from runtime.signing import DEMO_APPROVERS, demo_key
 from workflows.contracts import SEARCH_ATTRIBUTES
 
+# Temporal's standard ports (the stock `temporal` CLI's default address, and its Web UI's).
+TEMPORAL_PORT: Final = 7233
+TEMPORAL_UI_PORT: Final = 8233
 # SQLite pragmas for the dev server: WAL + synchronous=normal roughly double its throughput on small machines.
 TEMPORAL_PRAGMAS = ("--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal")
-
-
-class StackError(Exception):
-    """The embedded stack could not be started (a user-facing, one-line error)."""
 
 
 def temporal_binary() -> Path:
@@ -75,6 +75,32 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def standard_port(
+    standard: int,
+    key: str,
+    what: str,
+    moved: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+) -> int:
+    """``standard`` if it is free, else a free port: then said (``log``) and noted in ``moved`` under ``key``
+    (stack.json's ``moved_ports``, which ``ledgerflow demo`` prints too)."""
+    if port_free(standard):
+        return standard
+    port = pg.free_port()
+    moved[key] = {"what": what, "standard": standard, "port": port}
+    log(f"port      {standard} ({what}'s standard port) is busy: {what} takes {port} instead")
+    return port
+
+
+def moved_port_lines(info: dict[str, Any]) -> list[str]:
+    """One line per standard port that was busy when the stack started, and the port taken instead."""
+    moved = dict(info.get("moved_ports") or {})
+    return [
+        f"{m['what']}: its standard port {m['standard']} was busy, it took {m['port']} instead"
+        for m in moved.values()
+    ]
 
 
 def search_attribute_flags() -> list[str]:
@@ -131,7 +157,7 @@ def is_worker(name: str) -> bool:
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, str(root / "worker.py")],
@@ -205,14 +231,17 @@ def up(
         database_url = instance.url
         pids["postgres"] = pg.postmaster_pid(state / "pg" / "data") or 0
 
+    # A standard port that was busy when a server started, and the port it took instead (by server).
+    moved: dict[str, dict[str, Any]] = {}
     if settings.temporal_address:
         temporal_address, ui_url = settings.temporal_address, stack.get("ui_url")
     elif alive(pids.get("temporal")) and stack.get("temporal_address"):
         temporal_address, ui_url = stack["temporal_address"], stack.get("ui_url")
+        moved = dict(stack.get("moved_ports") or {})
     else:
         # The standard ports when free, so the stock `temporal` CLI works without flags.
-        port = 7233 if port_free(7233) else pg.free_port()
-        ui_port = 8233 if port_free(8233) else pg.free_port()
+        port = standard_port(TEMPORAL_PORT, "temporal", "Temporal", moved, log)
+        ui_port = standard_port(TEMPORAL_UI_PORT, "temporal_ui", "the Temporal UI", moved, log)
         pids["temporal"] = start_temporal(state, port, ui_port, logs / "temporal.log").pid
         temporal_address, ui_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{ui_port}"
 
@@ -247,6 +276,7 @@ def up(
         "task_queue": settings.task_queue,
         "pids": pids,
         "logs": str(logs),
+        "moved_ports": moved,
     }
     env = {
         "LEDGERFLOW_TEMPORAL_ADDRESS": temporal_address,

@@ -31,27 +31,16 @@ from typing import Any
 import httpx
 
 from ledger.recorder import Recorder
-from rules.actions import Compensate, Dispatch
 from rules.envelope import StoredEvent
-from rules.events import (
-    ExecutionResult,
-    Failure,
-    Intent,
-    MarkerKind,
-    Outcome,
-    Progress,
-    SystemMarker,
-    parse,
-)
-from rules.keys import is_result_key
 from rules.money import vendor_amount
+from rules.operation import OperationRecord, fold_operations
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import fold
 from rules.recompute import Divergence, Recomputation, audit_decisions
 from runtime.settings import ConfigError, Settings
 from vendors.adapter import ChargeListing, VendorAdapter, VendorCharge
 from vendors.errors import VendorError
-from vendors.routes import AdapterKind, RouteError
+from vendors.routes import AdapterKind, RouteError, deployment_table
 
 # Charges are listed from a little before the oldest audited task was created: the vendor's clock is not the
 # database's.
@@ -116,59 +105,11 @@ def audit_budget(
 
 
 # ── money: the vendors' bills ─────────────────────────────────────────────────────────────────────────
-@dataclass
-class Operation:
-    """One operation as the ledger knows it: what it was for, which jobs it had, what it counts as paid."""
-
-    task_id: str
-    key: str
-    node: str
-    executor: str
-    resolved: bool = False  # it has its one result (an Outcome, a Failure, a void, the review's result)
-    recorded: Decimal = Decimal(0)  # its result's cost plus every late charge
-    job_ids: set[str] = field(default_factory=set)
-    anomaly: bool = False  # a cost anomaly is on record for it
-
-
-def operations(task_id: str, events: Iterable[StoredEvent]) -> dict[str, Operation]:
-    """Every operation a task dispatched (by OperationKey), from its events."""
-    ops: dict[str, Operation] = {}
-    for e in events:
-        if e.type not in ("Intent", "Outcome", "Failure", "Progress", "SystemMarker", "ExecutionResult"):
-            continue
-        if e.type != "Intent" and e.operation_key not in ops:
-            continue
-        event = parse(e)
-        match event:
-            case Intent(action=Dispatch() | Compensate() as d):
-                ops.setdefault(d.operation_key, Operation(task_id, d.operation_key, d.node, d.executor))
-            case Outcome():
-                op = ops[event.operation_key]
-                op.resolved, op.recorded = True, op.recorded + event.actual_cost
-                if event.job_id:
-                    op.job_ids.add(event.job_id)
-            case Failure():
-                op = ops[event.operation_key]
-                op.resolved, op.recorded = True, op.recorded + event.actual_cost
-                if event.job_id:
-                    op.job_ids.add(event.job_id)
-            case ExecutionResult() if event.operation_key in ops:
-                op = ops[event.operation_key]
-                op.resolved, op.recorded = True, op.recorded + event.actual_cost
-            case Progress():
-                ops[event.operation_key].job_ids.add(event.job_id)
-            case SystemMarker(operation_key=str() as key) if key in ops:
-                op = ops[key]
-                if event.kind == MarkerKind.VOID and is_result_key(e.dedup_key):
-                    op.resolved = True
-                elif event.kind == MarkerKind.LATE_CHARGE:
-                    op.recorded += event.amount or Decimal(0)
-                    op.job_ids.add(e.dedup_key.split(":late_charge:", 1)[1])
-                elif event.kind == MarkerKind.COST_ANOMALY:
-                    op.anomaly = True
-            case _:
-                pass
-    return ops
+def operations(task_id: str, events: Iterable[StoredEvent]) -> dict[str, OperationRecord]:
+    """Every operation a task dispatched (by OperationKey), from its events: what it was for, which jobs it
+    had (each one a vendor may bill it for) and what it counts as paid (``rules.operation``)."""
+    ops = fold_operations(e for e in events if e.task_id == task_id)
+    return {key: op for key, op in ops.items() if op.dispatched}
 
 
 @dataclass(frozen=True)
@@ -259,10 +200,10 @@ class Billing:
 
 
 def match_charges(
-    ops: Sequence[Operation],
+    ops: Sequence[OperationRecord],
     listed: Sequence[Listed],
     *,
-    compared: Callable[[Operation], bool],
+    compared: Callable[[OperationRecord], bool],
     attributable: Callable[[VendorCharge], bool],
 ) -> Billing:
     """Match every charge to exactly one operation, by its key or its job id, and compare the amounts.
@@ -311,12 +252,17 @@ def match_charges(
         if not charges and op.recorded == 0:
             continue
         if any(a is None for a in amounts) or Decimal(vendor) != op.recorded:
-            billing.differs.append(CostDiff(op.key, op.recorded, vendor, len(charges), op.anomaly))
+            billing.differs.append(CostDiff(op.key, op.recorded, vendor, len(charges), bool(op.anomalies)))
     return billing
 
 
 async def audit_billing(
-    settings: Settings, ops: Sequence[Operation], since: datetime, task_ids: Iterable[str], *, every: bool
+    settings: Settings,
+    ops: Sequence[OperationRecord],
+    since: datetime,
+    task_ids: Iterable[str],
+    *,
+    every: bool,
 ) -> Billing:
     """List every vendor account's charges since ``since`` and match them to the operations ``ops`` of the
     tasks ``task_ids``.
@@ -324,11 +270,11 @@ async def audit_billing(
     ``every``: the audit covers the whole ledger, so a charge no operation claims is unmatched whoever made
     it; else only a charge under one of these tasks' keys is theirs.
     """
-    table = settings.route_table()
+    table = deployment_table(settings)
     listable: dict[str, str] = {}  # executor -> its billing account's label
     unlisted: dict[str, str] = {}  # executor -> why its charges cannot be listed
     accounts: dict[tuple[str, str, str], tuple[str, list[str]]] = {}  # account -> (label, executors)
-    for executor in sorted({op.executor for op in ops} - {REVIEW, COMPOSE}):
+    for executor in sorted({op.executor for op in ops if op.executor is not None} - {REVIEW, COMPOSE}):
         try:
             route = table.route(executor)
         except RouteError:
@@ -383,7 +329,7 @@ def _adapters(settings: Settings, http: httpx.AsyncClient) -> Callable[[str], Ve
         raise ConfigError("the audit reads no artifacts")
 
     built = Adapters(
-        settings.route_table(),
+        deployment_table(settings),
         vendor_url=settings.vendor_url_or_none(),
         credential=settings.credential,
         client=http,
@@ -582,7 +528,7 @@ async def audit(
     ids = recorder.task_ids() if task_ids is None else list(task_ids)
     folded: dict[str, tuple[Decimal, Decimal]] = {}
     audits: list[TaskAudit] = []
-    ops: list[Operation] = []
+    ops: list[OperationRecord] = []
     started: list[datetime] = []
     planner = Decimal(0)  # the LLM planner's calls: inference, like the review's
     for tid in ids:

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from decimal import Decimal
 
 from rich.table import Table
 
 from ledger.recorder import Account
-from ledgerflow.audit import audit_budget
 from ledgerflow.client import ClientError, recorder
+from ledgerflow.views.audit import audit_budget
+from rules import scopes
 from runtime.settings import Settings
-
-_SCOPE = re.compile(
-    r"(project:[A-Za-z0-9_.-]{1,64})|(episode:[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64})|(task:[A-Za-z0-9_.-]{1,64})"
-)
 
 
 def parse_scope(text: str) -> str:
-    if not _SCOPE.fullmatch(text):
+    if scopes.parse(text) is None:
         raise ClientError(f"scope {text[:60]!r} is not project:NAME, episode:PROJECT/EPISODE or task:ID")
     return text
 

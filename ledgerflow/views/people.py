@@ -23,7 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ledgerflow import client
 from ledgerflow.client import ClientError, connect, recorder
-from ledgerflow.queue import (
+from ledgerflow.views.queue import (
     QueueItem,
     dead_letters,
     group,

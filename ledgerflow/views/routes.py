@@ -9,12 +9,13 @@ from typing import Any
 from rich.table import Table
 
 from ledgerflow import client as lf
-from rules.routing import BreakerState, Candidate, Health, qualified
+from rules.routing import BreakerState, Candidate, RouteHealth, qualified
 from runtime.settings import Settings
+from vendors.routes import deployment_table
 
 
 def route_rows(settings: Settings) -> list[dict[str, Any]]:
-    table = settings.route_table()
+    table = deployment_table(settings)
     rec = lf.recorder(settings)
     try:
         states = rec.route_states()
@@ -25,7 +26,7 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
     rows = []
     for name, route in sorted(table.routes.items()):
         state = states.get(name)
-        h = health.get(name) or Health(name)
+        h = health.get(name) or RouteHealth(name)
         fallback_of = sorted(n for n, r in table.routes.items() if name in r.fallbacks)
         rows.append(
             {

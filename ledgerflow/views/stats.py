@@ -1,5 +1,5 @@
-"""``ledgerflow stats``: seed 003's production SLOs, computed from the ledger (the record, not a process's
-memory), over the tasks created in a window.
+"""``ledgerflow stats``: the production SLOs (docs/design.md#production-slos), computed from the ledger (the
+record, not a process's memory), over the tasks created in a window.
 
 * task success rate — Completed / (Completed + Failed) among the window's tasks that ended;
 * queue duration — from TaskCreated to the task's first dispatch INTENT (p50, p95);
@@ -9,7 +9,7 @@ memory), over the tasks created in a window.
 * human wait — from a question's INTENT to its resolution (a decision or the timeout marker; p50, p95);
 * invalidation propagation — from a rework round's Rollback to the first dispatch of a node it invalidated.
 
-Seed 003 also lists "RC rebuild success": ledgerflow has no release-candidate rebuild step: not shown.
+The SLO list also names "RC rebuild success": ledgerflow has no release-candidate rebuild step: not shown.
 """
 
 from __future__ import annotations

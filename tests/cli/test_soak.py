@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ledgerflow.soak import tally
+from ledgerflow.runs.soak import tally
 
 PLAN = """
 goal: {goal}
