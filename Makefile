@@ -22,6 +22,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy rules ledger runtime reconcile activities vendors artifacts media workflows ledgerflow worker.py
+	$(BIN)/lint-imports  # the layers in pyproject.toml: nothing imports upward
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	$(BIN)/python -m pytest
 

@@ -32,9 +32,10 @@ from runtime.metrics import MetricsSettings, sdk_runtime, serve_metrics
 from runtime.settings import ConfigError, Settings, get_settings
 from runtime.signing import demo_public_keys
 from runtime.temporal_config import connect_options
-from runtime.visibility import ensure_search_attributes
 from vendors.registry import Adapters
+from vendors.routes import deployment_table
 from workflows.task import TaskWorkflow
+from workflows.visibility import ensure_search_attributes
 
 log = logging.getLogger("ledgerflow.worker")
 
@@ -65,7 +66,7 @@ async def build_worker(
         return store_for_uri(uri, stores)
 
     adapters = Adapters(
-        settings.route_table(),
+        deployment_table(settings),
         vendor_url=settings.vendor_url_or_none(),
         credential=settings.credential,
         client=http,
@@ -73,7 +74,7 @@ async def build_worker(
     )
     stack.push_async_callback(adapters.aclose)
     chat = ChatClient.from_settings(http, settings)
-    ledger = LedgerActivities(recorder, settings.route_table().names())
+    ledger = LedgerActivities(recorder, deployment_table(settings).names())
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
     stages = StageActivities(
         recorder,

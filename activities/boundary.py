@@ -13,18 +13,26 @@ of the error, so the workflow reads a typed error, never a message:
   operation from the record and the vendor (``operation.close``), so nothing is left open and nothing is
   written off at zero.
 
-This module is imported by the workflow (passed through the sandbox: it is pure, no I/O).
+The workflow reads what crossed with ``error_type``, ``refused_scope`` and ``error_text`` (this module is
+passed through its sandbox: it is pure, no I/O); the types it tells apart are ``contracts.ErrorType``.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Final, NoReturn
+from typing import NoReturn
 
 from temporalio.exceptions import ApplicationError, FailureError
 
+from activities.contracts import ErrorType
 from artifacts.store import ArtifactError
-from ledger.errors import LedgerError, LedgerUnavailable, RouteWaiting, StaleEpoch
+from ledger.errors import (
+    BudgetRefused,
+    LedgerError,
+    LedgerUnavailable,
+    RouteWaiting,
+    StaleEpoch,
+)
 from vendors.errors import VendorError, VendorRateLimited
 
 
@@ -46,17 +54,6 @@ class NotYetProvable(Exception):
         self.wait_s = wait_s
 
 
-# Never retried: the run is fenced off, or the error is a bug no retry can fix.
-NON_RETRYABLE: Final = [
-    StaleEpoch.__name__,
-    LedgerError.__name__,
-    "InvalidAmount",
-    "DuplicateEvent",
-    "TaskNotFound",
-]
-STALE_EPOCH: Final = StaleEpoch.__name__
-
-
 def to_application_error(error: BaseException) -> ApplicationError:
     """The ApplicationError an executor raises for ``error`` (its message never carries a secret)."""
     if isinstance(error, ApplicationError):
@@ -65,6 +62,10 @@ def to_application_error(error: BaseException) -> ApplicationError:
     message = str(error)[:2000]
     if isinstance(error, StaleEpoch):
         return ApplicationError(message, type=name, non_retryable=True)
+    if isinstance(error, BudgetRefused):
+        # Not an error of the run: the loop records an escalation naming the scope that is short, read from
+        # the details (``refused_scope``), never from the message.
+        return ApplicationError(message, error.scope, type=name, non_retryable=True)
     if isinstance(error, LedgerUnavailable):
         return ApplicationError(message, type=name)
     if isinstance(error, LedgerError):
@@ -94,10 +95,37 @@ def cross(error: Exception) -> NoReturn:
 
 def error_type(error: BaseException) -> str | None:
     """The ``type`` of the ApplicationError an activity raised (itself or in its causes)."""
+    cause = _application_error(error)
+    return cause.type if cause is not None else None
+
+
+def refused_scope(error: BaseException) -> str | None:
+    """The budget scope a ``BudgetRefused`` error names in its details (None: it names none)."""
+    cause = _application_error(error)
+    if cause is None or cause.type != ErrorType.BUDGET_REFUSED or not cause.details:
+        return None
+    scope = cause.details[0]
+    return scope if isinstance(scope, str) else None
+
+
+def error_text(error: BaseException) -> str:
+    """The message of the innermost failure an activity reported (the ApplicationError's own), for a
+    person to read: never parsed."""
+    cause: BaseException | None = error
+    while (
+        isinstance(cause, FailureError)
+        and not isinstance(cause, ApplicationError)
+        and cause.cause is not None
+    ):
+        cause = cause.cause
+    return str(cause or error)[:2000]
+
+
+def _application_error(error: BaseException) -> ApplicationError | None:
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, ApplicationError):
         cause = cause.cause if isinstance(cause, FailureError) else None
-    return cause.type if isinstance(cause, ApplicationError) else None
+    return cause
 
 
 def _delay(seconds: float) -> timedelta:

@@ -1,68 +1,33 @@
 """Ledger access for the workflow, run as local activities (no server round trip per call).
 
-Two write paths, never merged (design.md §6): ``append`` is fenced by the run's epoch; ``mark`` is
-idempotent (first write wins) and serves the timer's timeout markers and failures of executors that died.
-Every call returns the events after the caller's watermark, so one local activity both writes and reads.
+Two write paths, never merged (docs/design.md#two-write-paths): ``append`` is fenced by the run's epoch (a
+stale run's writes are refused); ``mark`` is idempotent (first write wins) and serves the timer's timeout
+markers and failures of executors that died. Every call returns the events after the caller's watermark, so
+one local activity both writes and reads.
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
-
-from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.boundary import cross
+from activities.contracts import (
+    Activity,
+    AppendInput,
+    ErrorType,
+    MarkInput,
+    OpenTaskInput,
+    OpenTaskResult,
+    ReadInput,
+)
 from ledger.errors import BudgetRefused, DuplicateEvent, StaleEpoch
 from ledger.recorder import Recorder
-from rules.envelope import NewEvent, StoredEvent
+from rules.envelope import StoredEvent
 from rules.events import TaskCreated, to_new
 from rules.keys import created_key
-from rules.plan import Plan, PlanError, Routes, budget_scopes, validate_plan
+from rules.plan import PlanError, Routes, budget_scopes, validate_plan
 from runtime.faults import mark
-
-# Errors a retry can never fix: the workflow's local-activity retry policy lists these as non-retryable.
-NON_RETRYABLE = ["StaleEpoch", "DuplicateEvent", "BudgetRefused", "PlanInvalid"]
-
-
-class OpenTaskInput(BaseModel):
-    task_id: str
-    plan: Plan
-    holder: str
-    # At most this many events in the result (None: all, as runs recorded before paging asked); the rest are
-    # read in pages of the same size, so no payload outgrows Temporal's 2 MB limit.
-    limit: int | None = None
-
-
-class OpenTaskResult(BaseModel):
-    epoch: int
-    events: list[StoredEvent]
-    complete: bool = True  # False: there are more events after the last one returned
-
-
-class AppendInput(BaseModel):
-    task_id: str
-    epoch: int
-    events: list[NewEvent]
-    after: int
-    # Admitted on every budget scope in the same transaction, or nothing is written (``overdraw``: reserved
-    # even past a ceiling — a failed task's compensation, which must not wait on money).
-    reserve: Decimal = Decimal(0)
-    overdraw: bool = False
-
-
-class MarkInput(BaseModel):
-    task_id: str
-    event: NewEvent
-    after: int
-    release: Decimal = Decimal(0)  # settlement, applied only if this call is the one that writes the event
-    spend: Decimal = Decimal(0)
-
-
-class ReadInput(BaseModel):
-    task_id: str
-    after: int
-    limit: int | None = None  # a page (None: everything after ``after``)
 
 
 class LedgerActivities:
@@ -72,7 +37,7 @@ class LedgerActivities:
         self.recorder = recorder
         self.routes = routes  # this deployment's routes: a new task's plan is validated against them
 
-    @activity.defn(name="ledger.open_task")
+    @activity.defn(name=Activity.OPEN_TASK)
     def open_task(self, inp: OpenTaskInput) -> OpenTaskResult:
         """Take the task's fencing epoch (+1), write TaskCreated if absent, return the history (its first
         ``limit`` events, if given: the caller reads the rest in pages).
@@ -87,7 +52,7 @@ class LedgerActivities:
                 # PlanError names the part at fault ("stage 'a': …", "plan: …"): say "plan" once.
                 problem = str(e).removeprefix("plan: ")
                 raise ApplicationError(
-                    f"invalid plan: {problem}", type="PlanInvalid", non_retryable=True
+                    f"invalid plan: {problem}", type=ErrorType.PLAN_INVALID, non_retryable=True
                 ) from None
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
@@ -97,7 +62,7 @@ class LedgerActivities:
             try:
                 self.recorder.append_fenced(inp.task_id, epoch, [created])
             except StaleEpoch as e:
-                raise _stale(e) from e
+                cross(e)
             except DuplicateEvent:
                 pass  # a concurrent opener wrote it first; the read below returns it
             events = self.recorder.read_events(inp.task_id)
@@ -105,7 +70,7 @@ class LedgerActivities:
             return OpenTaskResult(epoch=epoch, events=events[: inp.limit], complete=False)
         return OpenTaskResult(epoch=epoch, events=events)
 
-    @activity.defn(name="ledger.append")
+    @activity.defn(name=Activity.APPEND)
     def append(self, inp: AppendInput) -> list[StoredEvent]:
         """Fenced append of the run's own events (an INTENT and its immediate effect)."""
         try:
@@ -113,14 +78,13 @@ class LedgerActivities:
                 inp.task_id, inp.epoch, inp.events, reserve=inp.reserve, overdraw=inp.overdraw
             )
             mark("intent_recorded", task=inp.task_id, op=inp.events[0].operation_key or "")
-        except StaleEpoch as e:
-            raise _stale(e) from e
-        except BudgetRefused as e:
-            # Not an error of the run: the loop records an escalation naming the scope that is short.
-            raise ApplicationError(str(e), e.scope, type="BudgetRefused", non_retryable=True) from e
+        except (StaleEpoch, BudgetRefused) as e:
+            # Not errors of the ledger: the loop stops (another run holds the task), or records an escalation
+            # naming the scope that is short (the boundary carries it in the error's details).
+            cross(e)
         except DuplicateEvent as e:
             if not self._already_written(inp, e.dedup_key):
-                raise ApplicationError(str(e), type="DuplicateEvent", non_retryable=True) from e
+                cross(e)
             # This run wrote an INTENT under this key before its worker died; the local activity's result died
             # with it, so the replayed workflow decided again (at a later workflow time). The ledger's INTENT
             # is the decision: the caller finds it among the events returned and acts on that one.
@@ -138,16 +102,12 @@ class LedgerActivities:
             and existing.type == first.type
         )
 
-    @activity.defn(name="ledger.mark")
+    @activity.defn(name=Activity.MARK)
     def mark(self, inp: MarkInput) -> list[StoredEvent]:
         """Idempotent append (first write wins), then read what is new."""
         self.recorder.append_idempotent(inp.task_id, inp.event, release=inp.release, spend=inp.spend)
         return self.recorder.read_events(inp.task_id, after_seq=inp.after)
 
-    @activity.defn(name="ledger.read")
+    @activity.defn(name=Activity.READ)
     def read(self, inp: ReadInput) -> list[StoredEvent]:
         return self.recorder.read_events(inp.task_id, after_seq=inp.after, limit=inp.limit)
-
-
-def _stale(e: StaleEpoch) -> ApplicationError:
-    return ApplicationError(str(e), type="StaleEpoch", non_retryable=True)

@@ -16,11 +16,12 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.boundary import cross
-from activities.models import LlmDecideInput
+from activities.contracts import Activity, ErrorType, LlmDecideInput
 from activities.operation import heartbeating
 from ledger.errors import StaleEpoch
 from ledger.recorder import Recorder
@@ -28,8 +29,10 @@ from rules.actions import Action
 from rules.events import Decision, to_new
 from rules.keys import decision_key
 from rules.llm import Proposal, check_llm_action, parse_proposal
+from rules.money import MAX_AMOUNT, vendor_amount
 from rules.projection import apply, fold
 from runtime.settings import Settings
+from vendors.openai import ChatCompletion
 
 MAX_OUTPUT_CHARS = 20000
 
@@ -49,7 +52,7 @@ class LlmRefused(ApplicationError):
     429): nothing was billed. Retried like any outage, never a refusal of the request itself."""
 
     def __init__(self, status: int) -> None:
-        super().__init__(f"LLM answered {status}", type="LlmUnavailable")
+        super().__init__(f"LLM answered {status}", type=ErrorType.LLM_UNAVAILABLE)
 
 
 class ChatClient:
@@ -111,25 +114,32 @@ class ChatClient:
                 timeout=self.timeout,
             )
         except httpx.HTTPError as e:
-            raise ApplicationError(f"LLM unreachable: {type(e).__name__}", type="LlmUnavailable") from None
+            raise ApplicationError(
+                f"LLM unreachable: {type(e).__name__}", type=ErrorType.LLM_UNAVAILABLE
+            ) from None
         if r.status_code in (401, 403, 408, 429):
             raise LlmRefused(r.status_code)
         if r.status_code >= 500:
             # The model may have run (and billed) before the server failed: not a proven refusal.
-            raise ApplicationError(f"LLM answered {r.status_code}", type="LlmUnavailable")
+            raise ApplicationError(f"LLM answered {r.status_code}", type=ErrorType.LLM_UNAVAILABLE)
         if r.status_code >= 400:
             raise ApplicationError(
-                f"LLM refused the request ({r.status_code})", type="LlmRejected", non_retryable=True
+                f"LLM refused the request ({r.status_code})", type=ErrorType.LLM_REJECTED, non_retryable=True
             )
-        data = r.json()
-        usage = data.get("usage") or {}
-        tokens_in = int(usage.get("prompt_tokens") or 0)
-        tokens_out = int(usage.get("completion_tokens") or 0)
-        content = str(data["choices"][0]["message"].get("content") or "")[:MAX_OUTPUT_CHARS]
-        cost = (Decimal(tokens_in + tokens_out) * self._price / 1000).quantize(Decimal("0.000001"))
-        return ChatReply(
-            content, tokens_in, tokens_out, cost, prompt_hash, str(data.get("model") or self.model)
-        )
+        try:
+            chat = ChatCompletion.model_validate_json(r.content)
+        except ValidationError:
+            # Answered 2xx, so the model ran and billed: not a refusal, and not to be read by guesswork.
+            raise ApplicationError(
+                "LLM answer is not a chat completion", type=ErrorType.LLM_UNAVAILABLE
+            ) from None
+        tokens_in, tokens_out = chat.usage.prompt_tokens, chat.usage.completion_tokens
+        # Priced through the money type like every vendor figure: rounded up to the ledger's scale.
+        priced = vendor_amount(Decimal(tokens_in + tokens_out) * self._price / 1000, what="inference cost")
+        # Unusable only when absurdly large: never counted as less than the money type can hold.
+        cost = priced.amount if priced.amount is not None else MAX_AMOUNT
+        content = chat.text[:MAX_OUTPUT_CHARS]
+        return ChatReply(content, tokens_in, tokens_out, cost, prompt_hash, chat.model or self.model)
 
 
 def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -170,7 +180,7 @@ class LlmActivities:
         self.recorder = recorder
         self.chat = chat
 
-    @activity.defn(name="llm.decide")
+    @activity.defn(name=Activity.LLM_DECIDE)
     async def decide(self, inp: LlmDecideInput) -> dict[str, Any] | None:
         """Ask the model for one action; record a Decision event; return the syntactically valid proposal.
 
@@ -178,6 +188,12 @@ class LlmActivities:
         ``check_llm_action`` on the same fold and time), so the record says what the model's answer was worth;
         the workflow recomputes it and acts on its own result.
         """
+        try:
+            return await self._decide(inp)
+        except Exception as e:
+            cross(e)
+
+    async def _decide(self, inp: LlmDecideInput) -> dict[str, Any] | None:
         dedup = decision_key(inp.task_id, inp.watermark)
         current, existing = await asyncio.to_thread(self.recorder.preflight, inp.task_id, dedup)
         if existing is not None:  # a retry after the decision was recorded: never pay for it twice

@@ -2,8 +2,9 @@
 
 One operation is one external call (or one piece of framework work) under one OperationKey. Its life:
 
-    INTENT (fenced, with reservation; a dispatch's is written by its executor as its first step: ``recorded``)
-    → open: one read of the ledger (epoch, the database's clock, the operation's events, the route's state)
+    INTENT (fenced, with reservation; a dispatch's is written by its executor as its first step: ``routed``)
+    → open: one read of the ledger (epoch, the database's clock, the operation's events, the route's state),
+      its events folded by ``rules.operation``
     → reconcile (reconcile.operations): resume a known job, submit, look the key up, void, or "unknown"
     → before each paid call: the write-ahead ``submitting`` marker, itself fenced by the run's epoch
     → the body (vendor job, model call, local work), heartbeating
@@ -35,7 +36,7 @@ from typing import Any, Final
 from temporalio import activity
 
 from activities.boundary import NotYetProvable, RoutePaused, cross
-from activities.models import StageInput
+from activities.contracts import StageInput
 from artifacts.store import ArtifactStore
 from ledger.errors import DuplicateEvent, LedgerError, StaleEpoch
 from ledger.recorder import Recorder, Routing
@@ -62,7 +63,8 @@ from rules.keys import (
     submitting_key,
 )
 from rules.money import VendorAmount
-from rules.routing import Health
+from rules.operation import fold_operation
+from rules.routing import RouteHealth
 from runtime import logs, telemetry
 from runtime.faults import mark
 
@@ -94,7 +96,7 @@ class Operation:
         self.task_id, self.node, self.key = task_id, node, key
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
-        self.breaker: Health | None = None  # the route's shared row, as ``open`` read it
+        self.breaker: RouteHealth | None = None  # the route's shared row, as ``open`` read it
         # Set when this attempt's own job was billed far above its estimate: the route's breaker counts the
         # call as a failed one (rules.routing: cost anomalies).
         self.billing_off = False
@@ -171,7 +173,7 @@ class Operation:
             s.set_attribute("ledgerflow.inserted", inserted)
         rows = _WRITTEN.get()
         if rows is not None:
-            rows.append(stored)  # for ``recorded``: the rows to hand the loop with the result
+            rows.append(stored)  # for ``routed``: the rows to hand the loop with the result
         return stored, inserted
 
     async def sending(self, state: OperationState, timeout_s: float) -> int:
@@ -383,9 +385,16 @@ BILLING_OFF_FACTOR: Final = 2
 
 
 async def recorded(
+    recorder: Recorder, inp: StageInput, body: Callable[[], Awaitable[StoredEvent]]
+) -> StoredEvent | list[StoredEvent]:
+    """``routed`` for an executor with no route to choose (compose, review): its body needs no route."""
+    return await routed(recorder, inp, lambda route: body())
+
+
+async def routed(
     recorder: Recorder,
     inp: StageInput,
-    body: Callable[[], Awaitable[StoredEvent]],
+    body: Callable[[str | None], Awaitable[StoredEvent]],
     routing: Routing | None = None,
     human_capacity: int | None = None,
 ) -> StoredEvent | list[StoredEvent]:
@@ -402,17 +411,17 @@ async def recorded(
     rows cause, saved no history events in ``make bench`` and doubled E001's history.)
 
     With ``routing`` the same append chooses the operation's route (rules.routing: the primary, a qualified
-    fallback, or RouteWaiting — nothing written, asked again later); the body reads it with ``chosen_route``.
-    An operation keeps its route for life: a retry finds it in its INTENT. With ``human_capacity`` (how many
-    open requests the project's people hold) the same append reads and records the human load
-    (rules.pressure).
+    fallback, or RouteWaiting — nothing written, asked again later), and the body is handed the route the
+    INTENT recorded (None: not routed, or the workflow wrote the INTENT). An operation keeps its route for
+    life: a retry finds it in its INTENT. With ``human_capacity`` (how many open requests the project's
+    people hold) the same append reads and records the human load (rules.pressure).
     """
     intent, task_id = inp.intent, inp.task_id
     bound = logs.current()
     if bound is None or bound.operation_key != inp.operation_key:
         bind(task_id, inp.node, inp.operation_key, inp.epoch, None)
     if intent is None:
-        return await body()
+        return await body(None)
     assert intent.operation_key is not None
 
     with telemetry.span("ledger.intent", {"ledgerflow.reservation": str(inp.estimate)}):
@@ -443,24 +452,15 @@ async def recorded(
             activity.logger.info("INTENT refused: %s", e)
             cross(e)
     token = _WRITTEN.set(rows)
-    route = _ROUTE.set(rows[0].payload.get("route") if rows else None)
     try:
-        result = await body()
+        result = await body(fold_operation(rows).route)
     finally:
         _WRITTEN.reset(token)
-        _ROUTE.reset(route)
     return sorted({r.seq: r for r in [*rows, result]}.values(), key=lambda r: r.seq)
 
 
-# The rows the current executor attempt has written (set by ``recorded``, appended to by ``Operation.write``).
+# The rows the current executor attempt has written (set by ``routed``, appended to by ``Operation.write``).
 _WRITTEN: ContextVar[list[StoredEvent] | None] = ContextVar("ledgerflow_written", default=None)
-# The route the operation's INTENT chose (set by ``recorded``; None: not routed, the executor's own route).
-_ROUTE: ContextVar[str | None] = ContextVar("ledgerflow_route", default=None)
-
-
-def chosen_route() -> str | None:
-    """The route this attempt's INTENT recorded (``recorded`` sets it for the body)."""
-    return _ROUTE.get()
 
 
 def bind(task_id: str, node: str, key: str, epoch: int, route: str | None) -> None:

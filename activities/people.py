@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from temporalio import activity
 from temporalio.client import Client
 
-from activities.models import ArrivalsInput, Received, RecordDecisionsInput
+from activities.contracts import Activity, ArrivalsInput, Received, RecordDecisionsInput
 from ledger.recorder import Recorder
 from rules.approvers import KeyRecord
 from rules.envelope import StoredEvent
@@ -60,7 +60,7 @@ class PeopleActivities:
             registry = {kid: _refused_demo(k) if k.public_key in demo else k for kid, k in registry.items()}
         return Keys(registry=registry, verify=verify)
 
-    @activity.defn(name="people.record_batch")
+    @activity.defn(name=Activity.PEOPLE_RECORD_BATCH)
     def record_batch(self, inp: RecordDecisionsInput) -> list[StoredEvent]:
         """Rule on each decision of the batch in order, record the rulings, and return the task's events after
         ``inp.after``."""
@@ -126,7 +126,7 @@ class PeopleActivities:
         # resolution stands; this one is refused and its sender told by whom.
         return conflict(task_id, received.decision, stored)
 
-    @activity.defn(name="people.arrivals")
+    @activity.defn(name=Activity.PEOPLE_ARRIVALS)
     async def arrivals(self, inp: ArrivalsInput) -> dict[str, datetime]:
         """When each of the named decisions reached Temporal: the event time of its ``decide`` signal in the
         run's history (the server's clock). Asked only for decisions handled after their request's deadline

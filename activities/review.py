@@ -25,10 +25,10 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.contracts import Activity, GateInput, StageInput
 from activities.llm import ChatClient, ChatReply, LlmRefused, cached_reply, reply_details
-from activities.models import GateInput, StageInput
 from activities.operation import Heartbeat, Operation, recorded
-from activities.stages import probed
+from activities.outputs import probed
 from artifacts.store import ArtifactError, ArtifactStore, sha256_of
 from ledger.recorder import Recorder
 from media import MediaInvalid, probe
@@ -144,7 +144,7 @@ class ReviewActivities:
     async def _projection(self, task_id: str) -> Projection:
         return fold(await asyncio.to_thread(self.recorder.read_events, task_id))
 
-    @activity.defn(name="compose.run")
+    @activity.defn(name=Activity.COMPOSE_RUN)
     async def compose(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Assemble the business outputs: the episode itself where the plan says how, else a manifest."""
         op = self._operation(inp, inp.estimate)
@@ -197,7 +197,7 @@ class ReviewActivities:
         )
         return await op.resolve(event, spend=Decimal(0))
 
-    @activity.defn(name="review.run")
+    @activity.defn(name=Activity.REVIEW_RUN)
     async def review(self, inp: StageInput) -> StoredEvent | list[StoredEvent]:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
         op = self._operation(inp, inp.estimate)
@@ -287,7 +287,7 @@ class ReviewActivities:
         beat.beat(reply_details(reply, question=qid))
         return reply
 
-    @activity.defn(name="gate.run")
+    @activity.defn(name=Activity.GATE_RUN)
     async def gate(self, inp: GateInput) -> StoredEvent:
         """The static compliance gate of a high-cost node, anchored to its input version."""
         op = self._operation(inp, Decimal(0))

@@ -1,10 +1,11 @@
-"""Reconciliation: what ends an INTENT that has no OUTCOME (design.md §7).
+"""Reconciliation: how an operation whose INTENT has no result ends, from the ledger and the vendor.
 
-Planned here (the crash-safety issue): look an open INTENT's job up at the vendor by its OperationKey →
-resume or record the outcome; provably absent → SystemMarker(void) then resubmit; the vendor cannot tell →
-Failure(unknown_outcome) and a cost-anomaly marker. Also the stall watchdog and the takeover scan.
+``operations``: an open operation's next step, decided before anything is sent (resume its job, submit under
+the same key, look the key up at the vendor, void it once it provably never landed, or count it as an
+unknown outcome for a person); ``watchdog``: when a job's progress stopped for too long; ``takeover``: the
+unfinished tasks whose workflow no longer runs.
 
-Already in place and relied on by those mechanisms: every external call's key is ``task:node:aN`` (stable
-across retries, restarts and resets), executors check the task's epoch before any vendor call, and the
-result key ``{operation_key}:result`` admits exactly one Outcome or Failure per operation.
+All three can find what an earlier attempt or run left behind because every external call's key is
+``task:node:aN`` (stable across retries, restarts and resets), executors check the task's epoch before any
+vendor call, and the result key ``{operation_key}:result`` admits exactly one result per operation.
 """

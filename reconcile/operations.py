@@ -1,4 +1,4 @@
-"""What an operation whose INTENT has no result does next (design.md §7), decided before anything is sent.
+"""What an operation whose INTENT has no result does next, decided before anything is sent.
 
 An executor reaches an open operation on its first attempt, on a Temporal retry (the worker died, the vendor
 failed), on a takeover (a new run resumed the task from the ledger) and when a task ends with the operation
@@ -23,15 +23,14 @@ the vendor *refused* (a ``refused`` marker: a 429, 408, 401 … proves nothing w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from temporalio import activity
 
 from rules.envelope import StoredEvent
-from rules.events import MarkerKind
-from rules.keys import is_result_key
+from rules.operation import OperationRecord, fold_operation
 from runtime import telemetry
 from vendors.adapter import Capabilities, VendorAdapter, VendorJob, mode_of
 from vendors.errors import VendorCannotTell
@@ -47,58 +46,18 @@ class Next(StrEnum):
     WAIT = "wait"  # not provable yet: look again after ``wait_s``
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
-    n: int
-    at: datetime  # recorded_at of the marker: the database's clock, before the request left
-    timeout_s: float
-
-
 @dataclass(frozen=True)
-class OperationState:
-    """How far the ledger says an operation got, read at ``now`` (the database's clock)."""
+class OperationState(OperationRecord):
+    """An operation's record (``rules.operation``) as read at ``now``, the database's clock: how long ago
+    its sends left, and whether a send could still land, is measured against it."""
 
-    result: StoredEvent | None
-    job_id: str | None
-    sends: tuple[Send, ...]
-    refused: frozenset[int]
     now: datetime
-
-    @property
-    def maybe_sent(self) -> tuple[Send, ...]:
-        """Sends the vendor did not refuse: any of them may have created (and charged) a job."""
-        return tuple(s for s in self.sends if s.n not in self.refused)
-
-    @property
-    def next_send(self) -> int:
-        return max((s.n for s in self.sends), default=0) + 1
-
-    def provable_at(self, route: RouteSpec) -> datetime | None:
-        """When "not found by key" becomes proof of absence: no maybe-sent request can land after it."""
-        sends = self.maybe_sent
-        if not sends:
-            return None
-        latest = max(s.at + timedelta(seconds=s.timeout_s) for s in sends)
-        return latest + timedelta(seconds=route.max_accept_seconds)
 
 
 def operation_state(events: list[StoredEvent], now: datetime) -> OperationState:
     """Fold one operation's events (all carrying its OperationKey) into what reconciliation needs."""
-    result = next((e for e in events if is_result_key(e.dedup_key)), None)
-    job_id = next((str(e.payload["job_id"]) for e in reversed(events) if e.type == "Progress"), None)
-    sends: list[Send] = []
-    refused: set[int] = set()
-    for e in events:
-        if e.type != "SystemMarker":
-            continue
-        kind, n = e.payload.get("kind"), e.payload.get("send")
-        if kind == MarkerKind.SUBMITTING:
-            # Markers written before sends were numbered count as send 0, with no known timeout: the longest
-            # a request could take is then the route's acceptance window alone.
-            sends.append(Send(int(n or 0), e.recorded_at, float(e.payload.get("timeout_s") or 0.0)))
-        elif kind == MarkerKind.REFUSED and n is not None:
-            refused.add(int(n))
-    return OperationState(result, job_id, tuple(sends), frozenset(refused), now)
+    record = fold_operation(events)
+    return OperationState(**{f.name: getattr(record, f.name) for f in fields(record)}, now=now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +114,7 @@ def after_lookup(state: OperationState, route: RouteSpec, found: list[VendorJob]
         return Step(
             Next.RESUME, found[0].id, "found at the vendor by key", job=found[0], extra=tuple(found[1:])
         )
-    provable = state.provable_at(route)
+    provable = state.provable_at(route.max_accept_seconds)
     if provable is None or state.now >= provable:
         return Step(Next.VOID, why="provably not at the vendor (no send can land any more)")
     wait = (provable - state.now).total_seconds()

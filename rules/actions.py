@@ -149,9 +149,3 @@ Action = Annotated[
 
 # The actions whose INTENT starts an operation at a vendor (its own key, one result): what money checks count.
 OPERATION_KINDS = frozenset({"Dispatch", "Compensate"})
-
-
-def executor_activity(executor: str) -> str:
-    """The Temporal activity that runs a node of ``executor``: the framework's compose and review have their
-    own; every other executor is a paid stage (``stage.run``), whatever route serves it."""
-    return {"compose": "compose.run", "review": "review.run"}.get(executor, "stage.run")

@@ -1,4 +1,4 @@
-"""Pre-dispatch cost admission, shared by the rule path and the LLM path (seed 000 §5.4)."""
+"""Pre-dispatch cost admission, shared by the rule path and the LLM path (docs/design.md#cost-admission)."""
 
 from __future__ import annotations
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
+from rules.scopes import SCOPE_TEXT
+
 KEY_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-SCOPE: Final = re.compile(r"\*|(project|episode|task):[A-Za-z0-9_.:/-]{1,200}")
+SCOPE: Final = re.compile(rf"\*|{SCOPE_TEXT.pattern}")  # a budget scope, or everything
 ANY: Final = "*"
 
 

@@ -66,10 +66,11 @@ class Graph:
 
         The restart points are the most upstream flagged nodes: those no other flagged node is an ancestor
         of. A flagged node below another flagged node is covered by the upstream one's invalidation, so one
-        round redoes it once (seed 000's "most upstream common ancestor, to avoid duplicate rollbacks");
-        the invalidated set is the restart points and everything built on them, and nothing else. An
-        unflagged common ancestor is never redone: if two sibling shots are bad, the two shots are rerun,
-        not the stage all shots came from (the reviewer flags that stage when it is the cause).
+        round redoes it once (no duplicate rollbacks: the "most upstream common ancestor" rule of
+        docs/design.md#rework-restarts-from-the-most-upstream-flagged-nodes); the invalidated set is the
+        restart points and everything built on them, and nothing else. An unflagged common ancestor is never
+        redone: if two sibling shots are bad, the two shots are rerun, not the stage all shots came from (the
+        reviewer flags that stage when it is the cause).
         Restart points are in topological order, so ``targets[0]`` is the most upstream.
         """
         flagged_set = {n for n in flagged if n in self.nodes}

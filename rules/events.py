@@ -20,7 +20,8 @@ from rules.plan import Plan
 
 
 class FailureKind(StrEnum):
-    """Why an attempt failed; the rules treat each kind differently (seed 003: technical vs content)."""
+    """Why an attempt failed; the rules treat each kind differently
+    (docs/design.md#technical-and-content-failures)."""
 
     TECHNICAL = "technical"  # timeouts, 5xx, vendor job errors: retry with backoff
     CONTENT = "content"  # the vendor refused the content: never resend it unchanged

@@ -1,6 +1,6 @@
-"""People in the loop, the pure part (design.md §8): signed decisions and their validation, and the context
-package a person is shown (the operator's views of them, the queue and the dead letters, are
-``ledgerflow/queue.py``: they never enter the workflow's sandbox).
+"""People in the loop, the pure part (docs/design.md#people): signed decisions and their validation, and the
+context package a person is shown (the operator's views of them, the queue and the dead letters, are
+``ledgerflow/views/queue.py``: they never enter the workflow's sandbox).
 
 A decision arrives as raw JSON in a workflow signal. ``evaluate`` turns it into a :class:`Ruling`: the
 ``HumanDecision`` to record under the request's resolution key, or the reason it is refused (recorded as a
@@ -38,6 +38,7 @@ from rules.keys import rejected_burst_key, rejected_key, resolution_key
 from rules.money import parse_amount
 from rules.plan import COMPOSE, ApprovalPolicy, budget_scopes
 from rules.projection import Projection, RequestView
+from rules.scopes import SCOPE_TEXT
 
 # ── signing ──────────────────────────────────────────────────────────────────────────────────────────
 
@@ -62,7 +63,6 @@ _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 _APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
 _AMOUNT: Final = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
-_SCOPE: Final = re.compile(r"(project|episode|task):[A-Za-z0-9_.:/-]{1,200}")
 
 # Verifies an Ed25519 signature: (public key hex, message, signature hex) -> valid. runtime.signing.verify in
 # the worker; passed in so that this module (imported by the workflow's sandbox) needs no C library.
@@ -158,7 +158,7 @@ def parse_decision(raw: Any) -> SignedDecision | str:
         ("key_id", KEY_ID, True),
         ("note", None, False),
         ("amount", _AMOUNT, False),
-        ("scope", _SCOPE, False),
+        ("scope", SCOPE_TEXT, False),
         ("signature", _SIGNATURE, True),
     )
     for name, pattern, required in checks:

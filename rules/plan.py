@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from rules import scopes
 from rules.inputs import check_inputs
 from rules.money import Amount
 
@@ -128,7 +129,8 @@ class TimeoutPolicy(StrEnum):
 
 
 class Value(StrEnum):
-    """How much a node matters (seed 003): hero nodes get more repair attempts."""
+    """How much a node matters: hero nodes get two more attempts per round
+    (docs/design.md#node-value-and-priority)."""
 
     HERO = "hero"
     STANDARD = "standard"
@@ -152,8 +154,9 @@ class ApprovalPolicy(_Strict):
     # both empty means any approver the workers hold a key for.
     approvers: tuple[Ident, ...] = ()
     approvers_by_kind: dict[RequestKindName, tuple[Ident, ...]] = Field(default_factory=dict)
-    # Seed 003's named backups: a request not answered by its deadline is offered to these approvers for
-    # ``backup_timeout`` more seconds (default: ``timeout`` again) before the timeout policy applies.
+    # Named backups (docs/design.md#named-backups): a request not answered by its deadline is offered to these
+    # approvers for ``backup_timeout`` more seconds (default: ``timeout`` again) before the timeout policy
+    # applies.
     backups: tuple[Ident, ...] = ()
     backup_timeout: Seconds | None = None
 
@@ -429,11 +432,7 @@ def budget_scopes(plan: Plan, task_id: str) -> list[tuple[str, Decimal | None]]:
     Only the task's own ceiling comes from the plan; project and episode ceilings are set by an operator
     (``ledgerflow budget set``) and are unlimited until then.
     """
-    scopes: list[tuple[str, Decimal | None]] = [(f"project:{plan.project}", None)]
-    if plan.episode is not None:
-        scopes.append((f"episode:{plan.project}/{plan.episode}", None))
-    scopes.append((f"task:{task_id}", plan.budget_ceiling))
-    return scopes
+    return scopes.chain(plan.project, plan.episode, task_id, plan.budget_ceiling)
 
 
 def estimated_total(plan: Plan) -> Decimal:

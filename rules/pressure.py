@@ -1,4 +1,5 @@
-"""Backpressure from the people in the loop (seed 003: "limit concurrency by … human review capacity").
+"""Backpressure from the people in the loop: concurrency is limited by human review capacity too
+(docs/design.md#concurrency-limits).
 
 Each project's people can hold so many open requests (``human_capacity``). When more wait, producing more
 work for them only lengthens their queue: a fan-out then widens slowly — one node in flight, one more for each

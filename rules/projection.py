@@ -14,6 +14,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Final, assert_never
 
+from rules import scopes
 from rules.actions import (
     Compensate,
     Complete,
@@ -637,7 +638,7 @@ def _apply_human(p: Projection, e: HumanDecision) -> None:
         return
     # An add_budget on the task's own scope raises its ceiling; on a scope above, that account rose (in the
     # ledger's budget_accounts), not this ceiling.
-    raises_task = e.scope is None or e.scope == f"task:{p.task_id}"
+    raises_task = e.scope is None or e.scope == scopes.task(p.task_id)
     if e.decision == HumanDecisionType.ADD_BUDGET and e.amount is not None and raises_task:
         p.ceiling += e.amount
     _grant(p, r, e.decision)

@@ -71,7 +71,7 @@ class BreakerPolicy:
 
 
 @dataclass(frozen=True)
-class Health:
+class RouteHealth:
     """One route's shared state, as a ``route_breakers`` row holds it (no row: closed, never qualified)."""
 
     route: str
@@ -106,7 +106,7 @@ class Health:
         }
 
     @classmethod
-    def from_basis(cls, route: str, raw: Mapping[str, Any]) -> Health:
+    def from_basis(cls, route: str, raw: Mapping[str, Any]) -> RouteHealth:
         def at(key: str) -> datetime | None:
             value = raw.get(key)
             return datetime.fromisoformat(value) if isinstance(value, str) else value
@@ -149,21 +149,21 @@ class Choice:
     retry_s: float = 0.0
 
 
-def qualified(c: Candidate, h: Health, now: datetime) -> bool:
+def qualified(c: Candidate, h: RouteHealth, now: datetime) -> bool:
     if c.max_age_s is None:
         return True
     return h.qualified_at is not None and now - h.qualified_at <= timedelta(seconds=c.max_age_s)
 
 
-def choose(chain: Sequence[Candidate], rows: Mapping[str, Health], now: datetime, key: str) -> Choice:
+def choose(chain: Sequence[Candidate], rows: Mapping[str, RouteHealth], now: datetime, key: str) -> Choice:
     """The route for dispatch ``key`` of an executor whose routes are ``chain`` (primary first), given every
     route's row as read with the INTENT. Deterministic: the same rows, time and key give the same choice."""
     primary = chain[0]
-    p = rows.get(primary.route) or Health(primary.route)
+    p = rows.get(primary.route) or RouteHealth(primary.route)
     waits: list[float] = []
     reasons: list[str] = []
     for i, c in enumerate(chain):
-        h = rows.get(c.route) or Health(c.route)
+        h = rows.get(c.route) or RouteHealth(c.route)
         if not qualified(c, h, now):
             reasons.append(f"{c.route} is not qualified")
             continue
@@ -195,13 +195,13 @@ def choose(chain: Sequence[Candidate], rows: Mapping[str, Health], now: datetime
     return Choice(None, "; ".join(reasons) or "no route can serve", retry_s=max(0.5, min(retry, 30.0)))
 
 
-def _rest_left(h: Health, open_for_s: float, now: datetime) -> float:
+def _rest_left(h: RouteHealth, open_for_s: float, now: datetime) -> float:
     if h.since is None:
         return 0.0
     return (h.since + timedelta(seconds=open_for_s) - now).total_seconds()
 
 
-def claimed(h: Health, choice: Choice, key: str, now: datetime, outage: datetime | None) -> Health:
+def claimed(h: RouteHealth, choice: Choice, key: str, now: datetime, outage: datetime | None) -> RouteHealth:
     """The row after ``choice``'s claim (written with the INTENT; the version check makes it exclusive)."""
     if choice.claim == "probe":
         return replace(h, state=BreakerState.HALF_OPEN, since=now, probe_key=key, version=h.version + 1)
@@ -227,8 +227,8 @@ class Window:
 
 
 def observed(
-    h: Health, what: Observation, key: str, window: Window, policy: BreakerPolicy, now: datetime
-) -> tuple[Health, str | None]:
+    h: RouteHealth, what: Observation, key: str, window: Window, policy: BreakerPolicy, now: datetime
+) -> tuple[RouteHealth, str | None]:
     """The route's row after an observation, and the change to log (None: nothing changed)."""
     failed = what in FAILURES or what == Observation.REVIEW_FAIL
     ends = what in CALLS or what == Observation.SETTLED
@@ -258,7 +258,7 @@ def observed(
     return h, None
 
 
-def _opened(h: Health, now: datetime, reason: str) -> Health:
+def _opened(h: RouteHealth, now: datetime, reason: str) -> RouteHealth:
     return replace(
         h,
         state=BreakerState.OPEN,
@@ -270,7 +270,7 @@ def _opened(h: Health, now: datetime, reason: str) -> Health:
     )
 
 
-def _moved(h: Health, state: BreakerState, now: datetime, reason: str) -> Health:
+def _moved(h: RouteHealth, state: BreakerState, now: datetime, reason: str) -> RouteHealth:
     """A probe's result: closed ends the outage; open starts another rest (the same outage)."""
     return replace(
         h,
@@ -325,7 +325,7 @@ def recompute(intent: Mapping[str, Any]) -> Choice | None:
     if not chain or basis is None or at is None or key is None:
         return None
     candidates = tuple(Candidate(r, float(o), None if m is None else float(m)) for r, o, m in chain)
-    rows = {r: Health.from_basis(r, raw) for r, raw in basis.items()}
+    rows = {r: RouteHealth.from_basis(r, raw) for r, raw in basis.items()}
     now = at if isinstance(at, datetime) else datetime.fromisoformat(at)
     return choose(candidates, rows, now, key)
 

@@ -8,7 +8,6 @@ lets an audit recompute every decision from the ledger.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -421,15 +420,13 @@ def advance(p: Projection, n: NodeView, now: datetime) -> Action:
 
 # How an escalation for a dispatch the budget does not admit begins (the rules' admission, or the ledger's).
 BUDGET_REFUSED: Final = "pre-dispatch budget insufficient for {node}: "
-# ledger.errors.BudgetRefused's message names the scope that refused first.
-_REFUSED_SCOPE: Final = re.compile(r"budget refused: ((?:project|episode|task):\S+) has ")
 
 
-def budget_refused(p: Projection, node: str, why: str) -> Escalate:
+def budget_refused(p: Projection, node: str, why: str, scope: str | None) -> Escalate:
     """The escalation when the ledger refuses a dispatch's reservation on a scope above the task. ``why`` is
-    the ledger's BudgetRefused message (``budget refused: SCOPE has …``): an add_budget raises that scope."""
-    found = _REFUSED_SCOPE.search(why)
-    return escalate(p, BUDGET_REFUSED.format(node=node) + why, node=node, scope=found[1] if found else None)
+    the ledger's BudgetRefused message, for a person to read; ``scope`` the scope it names (its typed
+    details), which an add_budget raises."""
+    return escalate(p, BUDGET_REFUSED.format(node=node) + why, node=node, scope=scope)
 
 
 def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime) -> Action:
@@ -467,7 +464,7 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
     """The request for a node's next attempt: the stage's input, its fan-out item, and what went wrong before.
 
     A rerun carries the reviewer's findings (after a rework rollback) and the previous attempts' errors
-    (seed 004's error-context passing), so a content failure is never resent unchanged.
+    (docs/design.md#error-context-on-retries), so a content failure is never resent unchanged.
     """
     spec = p.graph.nodes[n.id]
     request: dict[str, Any] = dict(spec.stage.input)

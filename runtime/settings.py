@@ -11,11 +11,10 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from vendors.routes import RouteError, RouteTable, VendorMode, load_table
 
 STATE_DIR = Path(".ledgerflow")
 STACK_FILE = STATE_DIR / "stack.json"
@@ -67,8 +66,9 @@ class Settings(BaseSettings):
     sticky_schedule_to_start_seconds: float = Field(default=2.0, gt=0, le=60)
     # What the vendor can do after a crash: idempotent (same key → same job), lookup_only, or none. Applies to
     # the built-in route table only; a route file sets each route's mode.
-    vendor_mode: VendorMode = VendorMode.IDEMPOTENT
-    # The route table (vendors/routes.py): which adapter and vendor serve each executor. None: built in.
+    vendor_mode: Literal["idempotent", "lookup_only", "none"] = "idempotent"
+    # The route table (vendors/routes.py, read by ``deployment_table``): which adapter and vendor serve each
+    # executor. None: built in.
     routes_file: Path | None = None
     # How long a worker stopping on SIGTERM lets in-flight activities finish (`ledgerflow down` waits 30 s).
     graceful_shutdown_seconds: float = Field(default=20.0, ge=0, le=3600)
@@ -80,13 +80,6 @@ class Settings(BaseSettings):
     # The reviewer page's login tokens: approver name -> token, as a JSON object (LEDGERFLOW_REVIEW_TOKENS).
     # A token only logs a person in: every decision is still signed in their browser with their own key.
     review_tokens: SecretStr = SecretStr("{}")
-
-    def route_table(self) -> RouteTable:
-        """This deployment's routes. ConfigError (one line) if the route file is unusable."""
-        try:
-            return load_table(self.routes_file, mode=self.vendor_mode)
-        except RouteError as e:
-            raise ConfigError(str(e)) from None
 
     def credential(self, env_name: str) -> str:
         """The secret a route's ``credential_env`` names. Read inside the worker only, never passed on."""

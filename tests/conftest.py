@@ -34,11 +34,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from ledger.recorder import Recorder
-from ledgerflow import pg
-from ledgerflow.stack import TEMPORAL_PRAGMAS, register_demo_keys, search_attribute_flags
+from ledgerflow.stack import pg
+from ledgerflow.stack.services import TEMPORAL_PRAGMAS, register_demo_keys, search_attribute_flags
 from rules.plan import Plan, load_plan
 from runtime.settings import Settings
-from vendors.routes import RouteTable
+from vendors.routes import RouteTable, deployment_table
 from vendors.simulator import BackgroundSimulator, SimConfig
 from workflows.contracts import TaskInput, TaskResult, workflow_id
 from workflows.task import TaskWorkflow
@@ -171,7 +171,7 @@ class Ledgerflow:
     started: list[WorkflowHandle[Any, TaskResult]] = field(default_factory=list)
 
     def plan(self, text: str, task_id: str | None = None) -> Plan:
-        return load_plan(text, self.settings.route_table().names(), task_id=task_id or new_task_id())
+        return load_plan(text, deployment_table(self.settings).names(), task_id=task_id or new_task_id())
 
     async def start(
         self, plan: Plan, heartbeat_timeout_seconds: float | None = None

@@ -36,13 +36,15 @@ class JobStatus(StrEnum):
         return self is not JobStatus.RUNNING
 
 
-class FailureKind(StrEnum):
+class JobErrorKind(StrEnum):
+    """Why a vendor says its job failed (rules.events.FailureKind is how the rules then treat the attempt)."""
+
     TECHNICAL = "technical"  # worth retrying with the same input
     CONTENT_REJECTED = "content_rejected"  # the same input will be rejected again
 
 
 class JobError(BaseModel, frozen=True):
-    kind: FailureKind
+    kind: JobErrorKind
     message: str = Field(max_length=4000)
 
 

@@ -55,13 +55,13 @@ __all__ = [
     "CodeCheckReport",
     "Example",
     "ExampleFailure",
-    "FailureKind",
+    "ExampleFailureKind",
     "check_markdown",
     "extract_examples",
     "run_examples",
 ]
 
-FailureKind = Literal["error", "timeout", "memory"]
+ExampleFailureKind = Literal["error", "timeout", "memory"]
 
 RUNNABLE_LANGUAGES = frozenset({"python", "py"})
 NO_RUN_MARKER = "no-run"
@@ -245,7 +245,7 @@ class ExampleFailure:
 
     index: int
     line: int
-    kind: FailureKind
+    kind: ExampleFailureKind
     message: str
 
 
@@ -525,7 +525,7 @@ def _classify(
     if code == 0 and not run.timed_out:
         return None
     output = _tidy(run.stderr or run.stdout, example, path)
-    kind: FailureKind
+    kind: ExampleFailureKind
     if run.timed_out:
         kind, message = "timeout", f"timed out after {timeout_s:g}s"
     elif code == -signal.SIGXCPU:

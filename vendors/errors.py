@@ -29,7 +29,15 @@ class VendorUnavailable(VendorError):
 
     A submit may have been accepted and charged even though no job came back (a dropped response, or a job the
     vendor creates after the client gave up): reconcile before submitting again.
+
+    ``timed_out``: no answer came within the client's timeout. A route's breaker counts that apart from an
+    error answer, so it is a flag rather than a subclass: the error keeps its one type name wherever it is
+    told apart by name (Temporal's ApplicationError ``type``, the histories that hold it).
     """
+
+    def __init__(self, message: str, *, status_code: int | None = None, timed_out: bool = False) -> None:
+        super().__init__(message, status_code=status_code)
+        self.timed_out = timed_out
 
 
 class VendorOverloaded(VendorUnavailable):

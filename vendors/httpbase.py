@@ -96,7 +96,7 @@ class HttpVendor:
                 method, url, headers={**self._auth, **(headers or {})}, timeout=self._timeout, **kwargs
             )
         except httpx.TimeoutException as e:
-            raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s") from e
+            raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s", timed_out=True) from e
         except httpx.TransportError as e:
             raise VendorUnavailable(f"{where}: {type(e).__name__}") from e
         if response.is_success:
@@ -184,7 +184,7 @@ class HttpVendor:
                             f"{where}: download exceeded {self.route.timeouts.download:g}s"
                         )
         except httpx.TimeoutException as e:
-            raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s") from e
+            raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s", timed_out=True) from e
         except httpx.TransportError as e:
             raise VendorUnavailable(f"{where}: {type(e).__name__}") from e
 

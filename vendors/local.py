@@ -29,8 +29,8 @@ from media import MediaInvalid, assemble
 from rules.inputs import refs
 from vendors.adapter import (
     Capabilities,
-    FailureKind,
     JobError,
+    JobErrorKind,
     JobStatus,
     MediaInfo,
     ResultFile,
@@ -140,7 +140,7 @@ class LocalAdapter:
         if report.ok:
             return _done(data, "json")
         first = report.failures[0]
-        kind = FailureKind.TECHNICAL if first.kind == "timeout" else FailureKind.CONTENT_REJECTED
+        kind = JobErrorKind.TECHNICAL if first.kind == "timeout" else JobErrorKind.CONTENT_REJECTED
         message = f"example {first.index + 1} (line {first.line}) {first.kind}: {first.message}"
         error = JobError(kind=kind, message=message)
         return VendorJob(id=job_id, status=JobStatus.FAILED, progress=1.0, cost="0", error=error)
@@ -163,7 +163,7 @@ class LocalAdapter:
             try:
                 assemble(shot_paths, audio_path, out, lineage=lineage)
             except (MediaInvalid, ValueError) as e:
-                error = JobError(kind=FailureKind.TECHNICAL, message=f"assembly failed: {e}")
+                error = JobError(kind=JobErrorKind.TECHNICAL, message=f"assembly failed: {e}")
                 return VendorJob(id="local-assemble", status=JobStatus.FAILED, cost="0", error=error)
             data = out.read_bytes()
         return _done(data, "mp4")

@@ -39,10 +39,17 @@ class _Usage(BaseModel):
     completion_tokens: int = Field(default=0, ge=0)
 
 
-class _Chat(BaseModel):
+class ChatCompletion(BaseModel):
+    """A chat completion's answer, validated (also read by the review's and the planner's chat client)."""
+
     id: str
+    model: str | None = None
     choices: list[_Choice] = Field(min_length=1)
     usage: _Usage = Field(default_factory=_Usage)
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].message.content or ""
 
 
 class _Image(BaseModel):
@@ -107,8 +114,8 @@ class OpenAIAdapter(HttpVendor):
         response = await self.request(
             "POST", "/v1/chat/completions", json={"model": model, "messages": messages}, headers=headers
         )
-        chat: _Chat = self.parse(_Chat, response)
-        text = chat.choices[0].message.content or ""
+        chat: ChatCompletion = self.parse(ChatCompletion, response)
+        text = chat.text
         return VendorJob(
             id=chat.id,
             status=JobStatus.SUCCEEDED,

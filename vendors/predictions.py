@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 
 from vendors.adapter import (
     Capabilities,
-    FailureKind,
     JobError,
+    JobErrorKind,
     JobStatus,
     ResultFile,
     VendorCharge,
@@ -64,7 +64,7 @@ class _Prediction(BaseModel):
             text = (self.error or "prediction failed")[:4000]
             content = any(w in text.lower() for w in _CONTENT_WORDS)
             error = JobError(
-                kind=FailureKind.CONTENT_REJECTED if content else FailureKind.TECHNICAL, message=text
+                kind=JobErrorKind.CONTENT_REJECTED if content else JobErrorKind.TECHNICAL, message=text
             )
         output = self.output[0] if isinstance(self.output, list) and self.output else self.output
         result = ResultFile(url=output) if status == JobStatus.SUCCEEDED and isinstance(output, str) else None

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rules.money import Amount
 from rules.plan import Routes, Seconds
 from rules.routing import BreakerPolicy, Candidate
+from runtime.settings import ConfigError, Settings
 
 LOCAL_EXECUTORS: Final = frozenset({"code.validate", "media.assemble"})
 DEFAULT_EXECUTORS: Final = frozenset(
@@ -259,6 +260,15 @@ def load_table(path: Path | None, *, mode: VendorMode = VendorMode.IDEMPOTENT) -
             f"route file {path}: not valid YAML" + (f" at line {mark.line + 1}" if mark else "")
         ) from None
     return parse_table(raw, where=f"route file {path}")
+
+
+def deployment_table(settings: Settings) -> RouteTable:
+    """This deployment's routes (``LEDGERFLOW_ROUTES_FILE``, or the built-in table in the configured vendor
+    mode). ConfigError (one line) if the route file is unusable."""
+    try:
+        return load_table(settings.routes_file, mode=VendorMode(settings.vendor_mode))
+    except RouteError as e:
+        raise ConfigError(str(e)) from None
 
 
 def json_schema() -> dict[str, Any]:

@@ -15,8 +15,8 @@ from rules.plan import Plan
 
 # The task's custom search attributes: filter tasks in the Temporal UI or with
 # `temporal workflow list --query 'LedgerflowProject="p1" AND LedgerflowWaitingOnPerson=true'`.
-# Registered on the embedded dev server at start (ledgerflow.stack, tests/conftest.py) and by every worker
-# when missing (runtime.visibility); where a worker may not, once by hand (README).
+# Registered on the embedded dev server at start (ledgerflow.stack.services, tests/conftest.py) and by every
+# worker when missing (workflows.visibility); where a worker may not, once by hand (docs/operations.md).
 PROJECT: Final = SearchAttributeKey.for_keyword("LedgerflowProject")
 EPISODE: Final = SearchAttributeKey.for_keyword("LedgerflowEpisode")
 STATE: Final = SearchAttributeKey.for_keyword("LedgerflowTaskState")

@@ -1,4 +1,4 @@
-"""TaskWorkflow: the decision loop of design.md §4. Deterministic code only.
+"""TaskWorkflow: the decision loop (docs/design.md#the-loop). Deterministic code only.
 
     open_task → loop: fold new ledger events → rules.decide → fenced INTENT → act
 
@@ -24,8 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     # Pure modules (no I/O, clock or randomness), shared with the audit tool: safe to pass through, and
@@ -33,28 +32,27 @@ with workflow.unsafe.imports_passed_through():
     # itself too, so a run's sandbox does not import it again (no CPU change measurable in make bench).
     from pydantic import BaseModel
 
-    from activities.boundary import NON_RETRYABLE as EXECUTOR_NON_RETRYABLE
-    from activities.boundary import STALE_EPOCH, error_type
-    from activities.ledger import (
-        NON_RETRYABLE,
+    from activities.boundary import error_text, error_type, refused_scope
+    from activities.contracts import (
+        Activity,
         AppendInput,
+        ArrivalsInput,
+        CloseInput,
+        ErrorType,
+        GateInput,
+        LlmDecideInput,
         MarkInput,
         OpenTaskInput,
         OpenTaskResult,
         ReadInput,
-    )
-    from activities.models import (
-        ArrivalsInput,
-        CloseInput,
-        GateInput,
-        LlmDecideInput,
         Received,
         RecordDecisionInput,
         RecordDecisionsInput,
         StageInput,
         SweepInput,
+        executor_activity,
     )
-    from rules.actions import Action, Compensate, Dispatch, StaticGate, Wait, executor_activity
+    from rules.actions import Action, Compensate, Dispatch, StaticGate, Wait
     from rules.envelope import NewEvent, StoredEvent
     from rules.events import (
         Failure,
@@ -85,74 +83,26 @@ with workflow.unsafe.imports_passed_through():
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import RULES_VERSION, budget_refused, decide, next_deadline, past_deadline
     from workflows.contracts import EPISODE, PROJECT, SPENT, STATE, VERDICT, WAITING, TaskInput, TaskResult
-
-LEDGER_TIMEOUT = timedelta(seconds=30)
-LEDGER_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200),
-    maximum_interval=timedelta(seconds=5),
-    non_retryable_error_types=NON_RETRYABLE,
-)
-# An operation is retried under its own OperationKey until it resolves (unlimited attempts): every attempt
-# reconciles before sending anything, so a retry can never pay twice, and giving up on an operation whose job
-# may be paid for would lose the charge. Only what no retry can fix ends it; a stuck job is the watchdog's.
-STAGE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    # Short enough that a frozen worker's open polls (which the server still hands retries to until they
-    # expire) cost a task seconds, not minutes.
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=0,
-    # Built from the classes (activities.boundary): a fenced-off run, or a bug no retry can fix.
-    non_retryable_error_types=EXECUTOR_NON_RETRYABLE,
-)
-# Runs recorded before operations were closed from the vendor (operation.close, operation.sweep) replay the
-# way they ran: the new commands are taken only where this marker is (or will be) in the history.
-OPERATION_CLOSE = "operation-close-v1"
-ADOPT_BEFORE_WAIT = "adopt-before-wait-v1"
-# A dispatch's INTENT is written by its executor (runs recorded before wrote it with a local activity first).
-INTENT_IN_EXECUTOR = "intent-in-executor-v1"
-# People's decisions: ruled on in batches with the time each reached Temporal (runs recorded before: one at a
-# time); a deadline already past when the loop comes to wait is marked at once, not dropped; and decisions
-# waiting in the inbox are ruled on before a timeout is marked (the one that arrived in time wins).
-FAIR_DECISIONS = "fair-decisions-v1"
-# The task tells its story in the Temporal UI: search attributes upserted on state transitions and stage
-# completions (not per node: each upsert is a history event), the goal in the memo.
-UI_STORY = "ui-story-v1"
-# A run whose history grows long continues as new: it stops dispatching, lets what is in flight finish, and
-# hands over to a new run that re-opens the task from the ledger (takes the next epoch, adopts whatever is
-# still open, which after the drain is nothing but a crashed worker's leftovers).
-CONTINUE_AS_NEW = "continue-as-new-v1"
-# A failed or aborted task undoes its compensable outputs (rules.table R12) before its end state is final.
-COMPENSATION = "compensation-v1"
-DECISION_BATCH = 100
-# Ledger events per local activity result when a run reads a long ledger (opening, refolding): an event is at
-# most ~20 kB (a Decision's raw output), so a page stays under Temporal's 2 MB payload limit.
-LEDGER_PAGE = 200
-SUGGESTION_MIN_GROWTH = 2_000  # events a run adds before Temporal's size-based suggestion is taken
-LEDGER_PAGES = (
-    "ledger-pages-v1"  # the refold reads in pages (the opening needs no marker: see OpenTaskResult)
-)
-# Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
-# cancels and records, and it may have to wait until a maybe-sent request is provably absent.
-CLOSE_TIMEOUT = timedelta(minutes=10)
-CLOSE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=0,
-    non_retryable_error_types=[STALE_EPOCH],
-)
-# The fallback planner is asked a few times at most: an outage (retries exhausted on LlmUnavailable) or a
-# refused request (LlmRejected, not retried) suspends the task for a person instead of failing the workflow.
-LLM_TIMEOUT = timedelta(minutes=2)
-LLM_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=3,
-    non_retryable_error_types=["LlmRejected"],
-)
-
+    from workflows.policies import (
+        ADOPT_BEFORE_WAIT,
+        CLOSE_RETRY,
+        CLOSE_TIMEOUT,
+        COMPENSATION,
+        CONTINUE_AS_NEW,
+        DECISION_BATCH,
+        FAIR_DECISIONS,
+        INTENT_IN_EXECUTOR,
+        LEDGER_PAGE,
+        LEDGER_PAGES,
+        LEDGER_RETRY,
+        LEDGER_TIMEOUT,
+        LLM_RETRY,
+        LLM_TIMEOUT,
+        OPERATION_CLOSE,
+        STAGE_RETRY,
+        SUGGESTION_MIN_GROWTH,
+        UI_STORY,
+    )
 
 # What the ledger's local activities return (all but open_task): the events after the caller's watermark.
 _EVENTS: Any = list[StoredEvent]
@@ -180,7 +130,8 @@ class TaskWorkflow:
         self._inbox: list[tuple[Any, datetime]] = []
         self._to_write: dict[str, NewEvent] = {}  # operation key -> the INTENT its executor is to write
         self._intents_in_executor = False  # this run's executors write their INTENTs (INTENT_IN_EXECUTOR)
-        self._refused: list[tuple[str, str]] = []  # (operation key, why): INTENTs the ledger refused to write
+        # INTENTs the ledger refused to write: (operation key, why, the scope that is short).
+        self._refused: list[tuple[str, str, str | None]] = []
         self._told: tuple[object, ...] | None = None  # what the search attributes last said (UI_STORY)
         self._input: TaskInput | None = None
         self._draining = False  # the history is long: dispatch nothing more, then continue as new
@@ -206,7 +157,7 @@ class TaskWorkflow:
         opening = OpenTaskInput(
             task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id, limit=LEDGER_PAGE
         )
-        opened: OpenTaskResult = await self._local("ledger.open_task", opening, OpenTaskResult)
+        opened: OpenTaskResult = await self._local(Activity.OPEN_TASK, opening, OpenTaskResult)
         self._epoch = opened.epoch
         self._p = p = fold(opened.events)
         if not opened.complete:  # a long ledger (a continued run, a takeover): the rest in pages
@@ -220,7 +171,7 @@ class TaskWorkflow:
         while not p.terminal:
             if self._fenced is not None:
                 raise ApplicationError(
-                    f"run fenced off: {self._fenced}", type="StaleEpoch", non_retryable=True
+                    f"run fenced off: {self._fenced}", type=ErrorType.STALE_EPOCH, non_retryable=True
                 )
             self._adopt_open_operations(p)
             await self._take_decisions(p)
@@ -257,9 +208,12 @@ class TaskWorkflow:
             # cost money: look for it once more before the task's books close.
             sweep = SweepInput(task_id=p.task_id)
             await workflow.execute_activity(
-                "operation.sweep", sweep, start_to_close_timeout=CLOSE_TIMEOUT, retry_policy=CLOSE_RETRY
+                Activity.OPERATION_SWEEP,
+                sweep,
+                start_to_close_timeout=CLOSE_TIMEOUT,
+                retry_policy=CLOSE_RETRY,
             )
-            self._apply(p, await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark)))
+            self._apply(p, await self._ledger(Activity.READ, ReadInput(task_id=p.task_id, after=p.watermark)))
         # Decisions signalled while the task was ending are recorded too (rejected: the request is closed), so
         # every one of them is in the audit trail.
         await self._take_decisions(p)
@@ -275,7 +229,7 @@ class TaskWorkflow:
         while True:
             if self._fenced is not None:
                 raise ApplicationError(
-                    f"run fenced off: {self._fenced}", type="StaleEpoch", non_retryable=True
+                    f"run fenced off: {self._fenced}", type=ErrorType.STALE_EPOCH, non_retryable=True
                 )
             self._adopt_open_operations(p)  # a run that took the task over: the undo a lost run began
             self._tell(p)
@@ -294,7 +248,7 @@ class TaskWorkflow:
             self._woken = False
             if not self._fold_arrived(p):
                 self._apply(
-                    p, await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+                    p, await self._ledger(Activity.READ, ReadInput(task_id=p.task_id, after=p.watermark))
                 )
 
     async def _read_all(self, task_id: str, after: int) -> list[StoredEvent]:
@@ -305,7 +259,7 @@ class TaskWorkflow:
         while True:
             read = ReadInput(task_id=task_id, after=after, limit=LEDGER_PAGE)
             page: list[StoredEvent] = await workflow.execute_activity(
-                "ledger.read",
+                Activity.READ,
                 read,
                 start_to_close_timeout=LEDGER_TIMEOUT,
                 retry_policy=LEDGER_RETRY,
@@ -409,15 +363,15 @@ class TaskWorkflow:
             await self._refold(p, drop=set(never))
             refused = [_refused_marker(key, intent) for key, intent in never.items()]
             append = AppendInput(task_id=p.task_id, epoch=self._epoch, events=refused, after=p.watermark)
-            self._apply(p, await self._ledger("ledger.append", append))
+            self._apply(p, await self._ledger(Activity.APPEND, append))
 
     async def _refold(self, p: Projection, drop: set[str]) -> None:
         """Rebuild the projection from the whole ledger without the provisional INTENTs in ``drop`` (never
         written). Rare (a refused reservation, a task closing mid-dispatch), so a full read is acceptable."""
         if workflow.patched(LEDGER_PAGES):
             events = await self._read_all(p.task_id, after=0)
-        else:  # runs recorded before paging read it in one local activity
-            events = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=0))
+        else:
+            events = await self._read_in_one(p.task_id)
         keep = {k: v for k, v in p.provisional.items() if k not in drop}
         fresh = refold(events, keep, p.intents)
         vars(p).clear()
@@ -429,33 +383,15 @@ class TaskWorkflow:
         it was pending stay recomputable) with the escalation that asks a person (AddBudget + Resume
         continues)."""
         while self._refused:
-            op_key, why = self._refused.pop(0)
+            op_key, why, scope = self._refused.pop(0)
             key, intent, node = next(
                 (k, i, i.action.node)
                 for k, i in p.provisional.items()
                 if isinstance(i.action, Dispatch) and i.action.operation_key == op_key
             )
             await self._refold(p, drop={key})
-            escalation = budget_refused(p, node, why)
+            escalation = budget_refused(p, node, why, scope)
             await self._record(p, intent.rule, escalation, extra=[_refused_marker(key, intent)])
-
-    async def _stop_in_flight_before_close(self, p: Projection) -> None:
-        """How a run recorded before ``operation.close`` existed ended its operations (kept for replay only):
-        read the ledger for up to two heartbeat timeouts, then write what is still open off with a Failure."""
-        in_flight = {n.operation_key: (n.id, n.reserved) for n in p.in_flight() if n.operation_key}
-        deadline = workflow.now() + 2 * self._heartbeat_timeout
-        while True:
-            new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
-            self._apply(p, new)
-            open_ops = [op for op in in_flight if op in p.reservations]
-            if not open_ops or workflow.now() >= deadline:
-                break
-            await workflow.sleep(min(1.0, self._heartbeat_timeout.total_seconds() / 2))
-        for op in open_ops:
-            node, reserved = in_flight[op]
-            await self._gave_up(
-                node, op, reserved, FailureKind.TECHNICAL, f"cancelled: the task ended before {op} resolved"
-            )
 
     async def _close_open(self, p: Projection) -> None:
         """Close every operation of the task still open in the ledger (``operation.close``), then fold."""
@@ -463,7 +399,7 @@ class TaskWorkflow:
         if not open_ops:
             return
         await asyncio.gather(*(self._close(_close_input(p, n)) for n in open_ops))
-        new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+        new = await self._ledger(Activity.READ, ReadInput(task_id=p.task_id, after=p.watermark))
         self._apply(p, new)
 
     async def _close(self, close: CloseInput) -> None:
@@ -471,16 +407,16 @@ class TaskWorkflow:
         attempt gives up), and hand its result to the loop like an executor's."""
         try:
             result = await workflow.execute_activity(
-                "operation.close",
+                Activity.OPERATION_CLOSE,
                 close,
                 start_to_close_timeout=CLOSE_TIMEOUT,
                 retry_policy=CLOSE_RETRY,
                 result_type=StoredEvent,
             )
         except ActivityError as e:
-            if error_type(e) != STALE_EPOCH:
+            if error_type(e) != ErrorType.STALE_EPOCH:
                 raise
-            self._fenced = _error_text(e)
+            self._fenced = error_text(e)
             return
         self._arrived.append(result)
 
@@ -530,12 +466,12 @@ class TaskWorkflow:
             overdraw=isinstance(action, Compensate),
         )
         try:
-            new = await self._ledger("ledger.append", append)
+            new = await self._ledger(Activity.APPEND, append)
         except _BudgetRefused as refused:
             # A scope above the task (episode, project) is short: the INTENT was not written and nothing was
             # reserved. Stop and ask a person instead (AddBudget + Resume continues).
             assert isinstance(action, Dispatch)
-            return await self._record(p, rule, budget_refused(p, action.node, str(refused)))
+            return await self._record(p, rule, budget_refused(p, action.node, str(refused), refused.scope))
         self._apply(p, new)
         # Act on what the ledger holds under this key: normally the action just decided; after a worker died
         # between writing an INTENT and reporting it, the one written then (see ledger.append).
@@ -565,18 +501,18 @@ class TaskWorkflow:
         except (ActivityError, ApplicationError) as e:
             # A local activity's failure arrives as the ApplicationError itself (no ActivityError wrapper).
             kind = error_type(e)
-            if kind == "BudgetRefused":
-                raise _BudgetRefused(_error_text(e)) from e
-            if kind == STALE_EPOCH:
+            if kind == ErrorType.BUDGET_REFUSED:
+                raise _BudgetRefused(error_text(e), refused_scope(e)) from e
+            if kind == ErrorType.STALE_EPOCH:
                 # Another run took this task over: this run must stop acting at once.
                 raise ApplicationError(
-                    f"run fenced off: {_error_text(e)}", type=STALE_EPOCH, non_retryable=True
+                    f"run fenced off: {error_text(e)}", type=ErrorType.STALE_EPOCH, non_retryable=True
                 ) from e
             raise
 
     async def _mark(self, p: Projection, event: NewEvent, *, release: Decimal = Decimal(0)) -> None:
         mark = MarkInput(task_id=p.task_id, event=event, after=p.watermark, release=release)
-        new = await self._ledger("ledger.mark", mark)
+        new = await self._ledger(Activity.MARK, mark)
         self._apply(p, new)
 
     def _unadopted(self, p: Projection) -> list[Dispatch | StaticGate | Compensate]:
@@ -612,6 +548,7 @@ class TaskWorkflow:
     def _act(self, p: Projection, action: Action) -> None:
         if isinstance(action, Dispatch | Compensate):
             # A compensation is an operation like a dispatch: same executor, no node bounds, INTENT on record.
+            only = self._dispatch_only(p, action) if isinstance(action, Dispatch) else {}
             inp = StageInput(
                 task_id=p.task_id,
                 node=action.node,
@@ -620,10 +557,10 @@ class TaskWorkflow:
                 epoch=self._epoch,
                 executor=action.executor,
                 estimate=action.estimate,
-                input=action.input,
+                input=action.input,  # on the wire once: inside the INTENT when there is one to write
                 priority=p.plan.priority,
                 undo=isinstance(action, Compensate),
-                **(self._dispatch_only(p, action) if isinstance(action, Dispatch) else {}),
+                **only,
             )
             self._start(action.operation_key, action.node, executor_activity(action.executor), inp)
         elif isinstance(action, StaticGate):
@@ -634,7 +571,7 @@ class TaskWorkflow:
                 input_version=action.input_version,
                 epoch=self._epoch,
             )
-            self._start(action.operation_key, action.node, "gate.run", gate)
+            self._start(action.operation_key, action.node, Activity.GATE_RUN, gate)
 
     def _dispatch_only(self, p: Projection, action: Dispatch) -> dict[str, Any]:
         """What a dispatch's executor gets beyond a compensation's: the node's bounds, reuse, the INTENT to
@@ -650,11 +587,11 @@ class TaskWorkflow:
             "deadline": self._ceiling_at,
         }
 
-    def _start(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
+    def _start(self, op_key: str, node: str, activity: str, arg: StageInput | GateInput) -> None:
         self._started.add(op_key)
         self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg))
 
-    async def _execute(self, op_key: str, node: str, activity: str, arg: BaseModel) -> None:
+    async def _execute(self, op_key: str, node: str, activity: str, arg: StageInput | GateInput) -> None:
         """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
         try:
             # The Temporal UI names each activity by its node and attempt (``motion/S07 a2``).
@@ -684,13 +621,13 @@ class TaskWorkflow:
             # Asked to cancel by _stop_in_flight, which waits for the executor's own result in the ledger.
         except ActivityError as e:
             kind = error_type(e)
-            if kind == STALE_EPOCH:
-                self._fenced = _error_text(e)  # another run holds the task: write nothing, stop (see run)
+            if kind == ErrorType.STALE_EPOCH:
+                self._fenced = error_text(e)  # another run holds the task: write nothing, stop (see run)
                 return
-            if kind == "BudgetRefused" and isinstance(arg, StageInput) and arg.intent is not None:
-                self._refused.append((op_key, _error_text(e)))  # its INTENT was not written: see run
+            if kind == ErrorType.BUDGET_REFUSED and isinstance(arg, StageInput) and arg.intent is not None:
+                self._refused.append((op_key, error_text(e), refused_scope(e)))  # its INTENT was not written
                 return
-            if self._stopping and (isinstance(e.cause, CancelledError) or kind == "AlreadyResolved"):
+            if self._stopping and (isinstance(e.cause, CancelledError) or kind == ErrorType.ALREADY_RESOLVED):
                 # Asked to cancel by _stop_in_flight, which closes whatever is still open; or refused to write
                 # its INTENT because the task is closing (nothing was written or sent).
                 return
@@ -698,38 +635,24 @@ class TaskWorkflow:
             # from the record and the vendor, so its reservation is settled and nothing paid for is lost.
             if not workflow.patched(OPERATION_CLOSE):
                 reserved = arg.estimate if isinstance(arg, StageInput) else Decimal(0)
-                await self._gave_up(node, op_key, reserved, FailureKind.TECHNICAL, _error_text(e))
+                await self._gave_up(node, op_key, reserved, FailureKind.TECHNICAL, error_text(e))
             else:
-                await self._close(_gave_up_close(self._task_id, node, op_key, arg, _error_text(e)[:500]))
+                await self._close(CloseInput.for_executor(arg, error_text(e)[:500]))
         finally:
             self._activities.pop(op_key, None)
             self._running.pop(op_key, None)
             self._woken = True
 
-    async def _gave_up(
-        self, node: str, op_key: str, reserved: Decimal, kind: FailureKind, error: str
-    ) -> None:
-        """How a run recorded before ``operation.close`` existed wrote off an operation (kept for replay)."""
-        assert self._p is not None
-        failure = Failure(node=node, operation_key=op_key, kind=kind, error=error)
-        result = to_new(failure, dedup_key=result_key(op_key), operation_key=op_key)
-        await self._mark(self._p, result, release=reserved)
-
     async def _take_decisions(self, p: Projection) -> None:
         """Validate and record each signalled decision (authenticated, authorised, first one wins) before
         acting on anything: a decision exists for the loop only once it is in the ledger."""
         if self._inbox and not workflow.patched(FAIR_DECISIONS):
-            while self._inbox:  # how runs recorded before FAIR_DECISIONS took them: one at a time
-                raw, _ = self._inbox.pop(0)
-                new = await self._ledger(
-                    "people.record", RecordDecisionInput(task_id=p.task_id, decision=raw, after=p.watermark)
-                )
-                self._apply(p, new)
+            await self._take_decisions_one_at_a_time(p)
         while self._inbox:
             batch, self._inbox = self._inbox[:DECISION_BATCH], self._inbox[DECISION_BATCH:]
             received = await self._arrivals(p, batch)
             record = RecordDecisionsInput(task_id=p.task_id, decisions=received, after=p.watermark)
-            self._apply(p, await self._ledger("people.record_batch", record))
+            self._apply(p, await self._ledger(Activity.PEOPLE_RECORD_BATCH, record))
 
     async def _arrivals(self, p: Projection, batch: list[tuple[Any, datetime]]) -> list[Received]:
         """Each decision with the time it reached Temporal. The workflow time it was handled at is never
@@ -746,7 +669,7 @@ class TaskWorkflow:
         if late:
             info = workflow.info()
             ask = ArrivalsInput(workflow_id=info.workflow_id, run_id=info.run_id, refs=late)
-            found = await self._local("people.arrivals", ask, dict[str, datetime])
+            found = await self._local(Activity.PEOPLE_ARRIVALS, ask, dict[str, datetime])
         return [Received(decision=raw, received_at=found.get(decision_ref(raw), at)) for raw, at in batch]
 
     async def _alarm(self, at: datetime) -> None:
@@ -792,7 +715,7 @@ class TaskWorkflow:
             await self._mark(p, to_new(marker, dedup_key=key))
             caught_up = True  # the mark returned everything after the watermark
         if not caught_up:
-            new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+            new = await self._ledger(Activity.READ, ReadInput(task_id=p.task_id, after=p.watermark))
             self._apply(p, new)
 
     def _fold_arrived(self, p: Projection) -> bool:
@@ -828,23 +751,72 @@ class TaskWorkflow:
         )
         try:
             proposed = await workflow.execute_activity(
-                "llm.decide", ask, start_to_close_timeout=LLM_TIMEOUT, retry_policy=LLM_RETRY
+                Activity.LLM_DECIDE, ask, start_to_close_timeout=LLM_TIMEOUT, retry_policy=LLM_RETRY
             )
         except ActivityError as e:
             # An outage (retries exhausted) or a refused request: no Decision was recorded, nothing was
             # decided. The task waits for a person rather than failing the workflow. The error text is the
             # chat client's own (status, error type): it never carries the API key.
-            return "LLM", ask_person(p, f"{MODEL_UNAVAILABLE}{_error_text(e)}")
-        new = await self._ledger("ledger.read", ReadInput(task_id=p.task_id, after=p.watermark))
+            return "LLM", ask_person(p, f"{MODEL_UNAVAILABLE}{error_text(e)}")
+        new = await self._ledger(Activity.READ, ReadInput(task_id=p.task_id, after=p.watermark))
         self._apply(p, new)  # the Decision event (and its inference cost) is now in the projection
         problem, action = check_llm_action(p, proposed, now)
         if action is not None:
             return "LLM", action
         return "LLM", ask_person(p, f"{PROPOSAL_REFUSED}{problem}")
 
+    # ── compatibility: bodies only replays of older histories take ──────────────────────────────────
+    # Each runs only where ``workflow.patched(MARKER)`` is False, i.e. for a history recorded before that
+    # marker existed (workflows/policies.py says what each marker changed). None is reached by a new run.
+    # Once no history from before a marker can be replayed or resumed, replace its ``patched`` with
+    # ``workflow.deprecate_patch`` and delete the body here.
+
+    async def _take_decisions_one_at_a_time(self, p: Projection) -> None:
+        """How runs recorded before ``fair-decisions-v1`` took people's decisions: one ``people.record``
+        each. No worker registers that activity any more; replay answers it from the history."""
+        while self._inbox:
+            raw, _ = self._inbox.pop(0)
+            record = RecordDecisionInput(task_id=p.task_id, decision=raw, after=p.watermark)
+            self._apply(p, await self._ledger(Activity.PEOPLE_RECORD, record))
+
+    async def _read_in_one(self, task_id: str) -> list[StoredEvent]:
+        """How runs recorded before ``ledger-pages-v1`` refolded: the whole ledger in one local activity."""
+        return await self._ledger(Activity.READ, ReadInput(task_id=task_id, after=0))
+
+    async def _stop_in_flight_before_close(self, p: Projection) -> None:
+        """How runs recorded before ``operation-close-v1`` ended their operations: read the ledger for up to
+        two heartbeat timeouts, then write what is still open off with a Failure."""
+        in_flight = {n.operation_key: (n.id, n.reserved) for n in p.in_flight() if n.operation_key}
+        deadline = workflow.now() + 2 * self._heartbeat_timeout
+        while True:
+            new = await self._ledger(Activity.READ, ReadInput(task_id=p.task_id, after=p.watermark))
+            self._apply(p, new)
+            open_ops = [op for op in in_flight if op in p.reservations]
+            if not open_ops or workflow.now() >= deadline:
+                break
+            await workflow.sleep(min(1.0, self._heartbeat_timeout.total_seconds() / 2))
+        for op in open_ops:
+            node, reserved = in_flight[op]
+            await self._gave_up(
+                node, op, reserved, FailureKind.TECHNICAL, f"cancelled: the task ended before {op} resolved"
+            )
+
+    async def _gave_up(
+        self, node: str, op_key: str, reserved: Decimal, kind: FailureKind, error: str
+    ) -> None:
+        """How runs recorded before ``operation-close-v1`` wrote off an operation whose executor gave up."""
+        assert self._p is not None
+        failure = Failure(node=node, operation_key=op_key, kind=kind, error=error)
+        result = to_new(failure, dedup_key=result_key(op_key), operation_key=op_key)
+        await self._mark(self._p, result, release=reserved)
+
 
 class _BudgetRefused(Exception):
     """The ledger refused a reservation on a budget scope (raised inside this workflow only)."""
+
+    def __init__(self, why: str, scope: str | None) -> None:
+        super().__init__(why)
+        self.scope = scope
 
 
 def _refused_marker(key: str, intent: Intent) -> NewEvent:
@@ -868,33 +840,3 @@ def _close_input(p: Projection, n: Any) -> CloseInput:
         output=stage.output,
         input_hash=d.input_hash,
     )
-
-
-def _gave_up_close(task_id: str, node: str, op_key: str, arg: Any, why: str) -> CloseInput:
-    """What ``operation.close`` needs for an executor that ended without a result: its node's request and
-    bounds (a StageInput), or nothing reserved and no output (a gate)."""
-    if isinstance(arg, StageInput):
-        return CloseInput(
-            task_id=task_id,
-            node=node,
-            operation_key=op_key,
-            executor=arg.executor,
-            estimate=arg.estimate,
-            gave_up=why,
-            output=arg.output,
-            input_hash=arg.input_hash,
-        )
-    return CloseInput(
-        task_id=task_id, node=node, operation_key=op_key, executor="gate", estimate=Decimal(0), gave_up=why
-    )
-
-
-def _error_text(e: BaseException) -> str:
-    cause: BaseException | None = e
-    while (
-        isinstance(cause, FailureError)
-        and not isinstance(cause, ApplicationError)
-        and cause.cause is not None
-    ):
-        cause = cause.cause
-    return str(cause or e)[:2000]

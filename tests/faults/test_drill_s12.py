@@ -1,4 +1,5 @@
-"""Seed 003's crash drill: a 12-shot motion batch crashes at S12, and recovery reads the task's records.
+"""The S12 crash drill (docs/design.md#the-s12-crash-drill): a 12-shot motion batch crashes at S12, and
+recovery reads the task's records.
 
 The kill state, exactly: S01–S08 registered (Outcome); S09–S10 finished (and paid) at the vendor but never
 registered; S11 mid-upload (its artifact's bytes in a temp file of the store, not renamed into place); S12
@@ -38,7 +39,7 @@ from vendors.simulator import Draw, ExecutorProfile
 from workflows.task import STAGE_RETRY
 
 DRILL = """
-goal: seed-003 crash drill, a 12-shot motion batch
+goal: the S12 crash drill, a 12-shot motion batch
 budget_ceiling: 100
 concurrency: 3
 stages:
@@ -74,7 +75,7 @@ def find_seed(task_id: str) -> int:
     raise AssertionError("no simulator seed gives the drill's refusals")
 
 
-async def test_seed_003_crash_drill(rig, sim):
+async def test_s12_crash_drill(rig, sim):
     plan = rig.plan(DRILL)
     tid = plan.task_id
     op = {s: op_key(tid, f"motion/{s}") for s in SHOTS}

@@ -24,8 +24,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from ledger.recorder import Recorder
-from ledgerflow import pg
-from ledgerflow.stack import start_temporal
+from ledgerflow.stack import pg
+from ledgerflow.stack.services import start_temporal
 
 
 @dataclass

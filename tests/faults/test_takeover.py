@@ -14,7 +14,7 @@ from faultkit import (
     resolutions,
 )
 
-from ledgerflow.people import send, signed_payload
+from ledgerflow.views.people import send, signed_payload
 from runtime.settings import Settings
 from runtime.signing import demo_key
 

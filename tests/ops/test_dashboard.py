@@ -15,7 +15,7 @@ from metricskit import ROOT, scrape, worker_process
 from temporalio.client import Client
 
 from ledger.recorder import Recorder
-from ledgerflow.pg import free_port
+from ledgerflow.stack.pg import free_port
 from rules.plan import load_plan
 from vendors.routes import DEFAULT_ROUTES
 from workflows.contracts import TaskInput, workflow_id

@@ -26,8 +26,8 @@ from metricskit import scrape
 from temporalio.client import Client
 
 from ledger.recorder import Recorder
-from ledgerflow import people
-from ledgerflow.pg import free_port
+from ledgerflow.stack.pg import free_port
+from ledgerflow.views import people
 from rules.events import parse
 from rules.projection import fold
 from runtime.metrics import MetricsServer, MetricsSettings, sdk_runtime, serve_metrics

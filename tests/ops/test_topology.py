@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from ledger.migrate import HEAD
-from ledgerflow.stack import alive
+from ledgerflow.stack.services import alive
 
 CLI = [str(Path(sys.executable).parent / "ledgerflow")]
 

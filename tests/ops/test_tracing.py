@@ -27,6 +27,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from rules.plan import load_plan
 from runtime import telemetry
 from runtime.settings import ConfigError, Settings
+from vendors.routes import deployment_table
 from workflows.contracts import TaskInput, workflow_id
 from workflows.task import TaskWorkflow
 
@@ -103,7 +104,9 @@ def tree(spans: tuple[ReadableSpan, ...]) -> str:
 
 async def run_task(client: Client, queue: str) -> str:
     """Run PLAN to completion through ``client``; returns its task id."""
-    plan = load_plan(PLAN, Settings(env="dev").route_table().names(), task_id=f"t-{uuid.uuid4().hex[:12]}")
+    plan = load_plan(
+        PLAN, deployment_table(Settings(env="dev")).names(), task_id=f"t-{uuid.uuid4().hex[:12]}"
+    )
     assert plan.task_id is not None
     result = await client.execute_workflow(
         TaskWorkflow.run,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from helpers import T0, TASK, History, make_plan, stage, until
 
-from ledgerflow.queue import (
+from ledgerflow.views.queue import (
     QueueItem,
     dead_letters,
     group,

@@ -9,8 +9,8 @@ from rules.routing import (
     BreakerPolicy,
     BreakerState,
     Candidate,
-    Health,
     Observation,
+    RouteHealth,
     Window,
     choose,
     claimed,
@@ -24,14 +24,14 @@ CHAIN = (Candidate("video.motion", open_for_s=30), Candidate("motion.backup", op
 POLICY = BreakerPolicy(window_s=60, min_calls=4, error_rate=0.5, quality_min_reviews=4, quality_pass_rate=0.5)
 
 
-def opened(at: datetime = T0) -> Health:
-    return Health(
+def opened(at: datetime = T0) -> RouteHealth:
+    return RouteHealth(
         "video.motion", BreakerState.OPEN, since=at, opened_at=at, reason="3 of 4 failed", version=3
     )
 
 
-def backup(**kw: object) -> Health:
-    return Health("motion.backup", qualified_at=T0 - timedelta(minutes=5), version=1, **kw)  # type: ignore[arg-type]
+def backup(**kw: object) -> RouteHealth:
+    return RouteHealth("motion.backup", qualified_at=T0 - timedelta(minutes=5), version=1, **kw)  # type: ignore[arg-type]
 
 
 def test_a_closed_primary_serves_without_a_claim() -> None:
@@ -62,12 +62,12 @@ def test_a_new_outage_needs_a_new_canary() -> None:
 
 
 def test_an_unqualified_or_stale_fallback_never_serves_the_dispatch_waits_out_the_rest() -> None:
-    rows = {"video.motion": opened(), "motion.backup": Health("motion.backup")}
+    rows = {"video.motion": opened(), "motion.backup": RouteHealth("motion.backup")}
     never = choose(CHAIN, rows, T0 + timedelta(seconds=10), "t:a:1")
     assert never.route is None and "motion.backup is not qualified" in never.reason
     assert never.retry_s == 20  # the primary's rest left
 
-    rows["motion.backup"] = Health("motion.backup", qualified_at=T0 - timedelta(hours=2))  # max age 1 h
+    rows["motion.backup"] = RouteHealth("motion.backup", qualified_at=T0 - timedelta(hours=2))  # max age 1 h
     assert choose(CHAIN, rows, T0 + timedelta(seconds=10), "t:a:1").route is None
 
 
@@ -89,13 +89,13 @@ def test_after_its_rest_the_primary_takes_one_probe_the_others_keep_to_the_fallb
 def test_the_same_rows_time_and_key_give_the_same_choice() -> None:
     rows = {"video.motion": opened(), "motion.backup": backup()}
     basis = {name: h.as_basis() for name, h in rows.items()}
-    again = {name: Health.from_basis(name, raw) for name, raw in basis.items()}
+    again = {name: RouteHealth.from_basis(name, raw) for name, raw in basis.items()}
     assert again == rows
     assert choose(CHAIN, again, T0, "t:a:1") == choose(CHAIN, rows, T0, "t:a:1")
 
 
 def test_the_breaker_opens_at_the_error_rate_once_enough_calls_were_seen() -> None:
-    closed = Health("video.motion")
+    closed = RouteHealth("video.motion")
     few = observed(closed, Observation.ERROR, "k", Window(calls=3, failures=3), POLICY, T0)
     assert few == (closed, None)
     low = observed(closed, Observation.ERROR, "k", Window(calls=10, failures=4), POLICY, T0)
@@ -107,7 +107,7 @@ def test_the_breaker_opens_at_the_error_rate_once_enough_calls_were_seen() -> No
 
 
 def test_a_collapsing_first_pass_review_rate_opens_it_although_every_call_succeeded() -> None:
-    closed = Health("video.motion")
+    closed = RouteHealth("video.motion")
     window = Window(calls=20, failures=0, reviews=5, passed=2)
     h, change = observed(closed, Observation.REVIEW_FAIL, "k", window, POLICY, T0)
     assert change == "opened" and "quality collapse: 2 of 5 outputs passed" in h.reason
@@ -116,7 +116,7 @@ def test_a_collapsing_first_pass_review_rate_opens_it_although_every_call_succee
 
 
 def test_the_probe_closes_or_reopens_it_and_only_the_probe_does() -> None:
-    half = Health(
+    half = RouteHealth(
         "video.motion", BreakerState.HALF_OPEN, since=T0, opened_at=T0 - timedelta(minutes=1), probe_key="p"
     )
     assert observed(half, Observation.OK, "other", Window(), POLICY, T0) == (half, None)
@@ -187,9 +187,9 @@ def test_a_canary_or_probe_that_ends_without_an_output_for_any_reason_ends_unpro
     out = backup(canary_key="c", canary_outage=T0)
     h, change = observed(out, Observation.SETTLED, "c", Window(), POLICY, T0)
     assert change == "canary_failed" and h.canary_key is None
-    half = Health("video.motion", BreakerState.HALF_OPEN, since=T0, opened_at=T0, probe_key="p")
+    half = RouteHealth("video.motion", BreakerState.HALF_OPEN, since=T0, opened_at=T0, probe_key="p")
     assert observed(half, Observation.SETTLED, "p", Window(), POLICY, T0)[1] == "opened"
-    closed = Health("video.motion")
+    closed = RouteHealth("video.motion")
     assert observed(closed, Observation.SETTLED, "x", Window(calls=9, failures=9), POLICY, T0) == (
         closed,
         None,

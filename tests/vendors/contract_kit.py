@@ -34,7 +34,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.models import StageInput, SweepInput
+from activities.contracts import StageInput, SweepInput
 from activities.operation import Operation
 from activities.stages import StageActivities
 from artifacts.local import LocalStore

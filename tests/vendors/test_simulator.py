@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from ledgerflow.pg import free_port
+from ledgerflow.stack.pg import free_port
 from media import probe
-from vendors.adapter import FailureKind, JobStatus, ResultFile, VendorJob
+from vendors.adapter import JobErrorKind, JobStatus, ResultFile, VendorJob
 from vendors.errors import (
     ArtifactHashMismatch,
     VendorCannotTell,
@@ -125,7 +125,7 @@ async def test_content_rejection_fails_the_job_with_content_rejected_and_still_c
     job = await submit(vendor, key)
 
     assert job.status is JobStatus.FAILED
-    assert job.error is not None and job.error.kind is FailureKind.CONTENT_REJECTED
+    assert job.error is not None and job.error.kind is JobErrorKind.CONTENT_REJECTED
     assert job.result is None
     assert (await sim.charges())["count"] == 1
 
@@ -139,7 +139,7 @@ async def test_executor_profile_overrides_default_for_technical_failures(
     other = await submit(vendor, key + "-img", executor="image.still")
 
     assert failing.status is JobStatus.FAILED
-    assert failing.error is not None and failing.error.kind is FailureKind.TECHNICAL
+    assert failing.error is not None and failing.error.kind is JobErrorKind.TECHNICAL
     assert other.status is JobStatus.SUCCEEDED
 
 

@@ -14,9 +14,9 @@ import pytest
 from peoplekit import wait_open
 from reviewkit import SHOT_APPROVAL, TOKENS
 
-from ledgerflow import people
 from ledgerflow.review import create_app, serve
 from ledgerflow.review.auth import RateLimiter
+from ledgerflow.views import people
 from rules.events import HumanDecision, parse
 from runtime.settings import ConfigError, Settings
 from runtime.signing import demo_key

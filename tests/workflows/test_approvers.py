@@ -24,9 +24,9 @@ from peoplekit import cli, markers, signal, wait_open
 from pydantic import SecretStr
 from temporalio.worker import Worker
 
-from activities.models import Received, RecordDecisionsInput
+from activities.contracts import Received, RecordDecisionsInput
 from activities.people import PeopleActivities
-from ledgerflow import people
+from ledgerflow.views import people
 from rules.approvers import KeyRecord
 from rules.events import HumanDecision, MarkerKind, parse
 from rules.projection import fold

@@ -18,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ledgerflow.audit import Audit, TaskAudit, audit, operations
+from ledgerflow.views.audit import Audit, TaskAudit, audit, operations
 from rules.actions import Action, Dispatch
 from rules.events import ArtifactRef, ExecutionResult, Intent, Outcome, TaskCreated, to_new
 from rules.llm import ask_person

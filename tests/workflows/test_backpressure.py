@@ -11,7 +11,7 @@ from typing import Any
 from peoplekit import wait_open
 
 from ledger.recorder import Recorder
-from ledgerflow import people
+from ledgerflow.views import people
 from rules.pressure import Reading
 from rules.recompute import recompute
 from runtime.signing import demo_key

@@ -16,8 +16,8 @@ import httpx
 from peoplekit import wait_open
 
 from ledger.recorder import Recorder
-from ledgerflow import people
-from ledgerflow.audit import audit
+from ledgerflow.views import people
+from ledgerflow.views.audit import audit
 from rules.events import vendor_spend
 from rules.projection import fold
 from runtime.signing import demo_key

@@ -12,7 +12,7 @@ from peoplekit import wait_open
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from ledgerflow import people
+from ledgerflow.views import people
 from rules.events import vendor_spend
 from rules.projection import fold
 from rules.recompute import recompute
@@ -77,7 +77,8 @@ async def test_a_long_task_continues_as_new_several_times_and_completes_with_exa
 
 def test_opening_and_reading_a_long_ledger_come_in_pages(lf):
     """The ledger's local activities never return more than a page when asked for one."""
-    from activities.ledger import LedgerActivities, OpenTaskInput, ReadInput
+    from activities.contracts import OpenTaskInput, ReadInput
+    from activities.ledger import LedgerActivities
     from rules.events import SystemMarker, to_new
 
     plan = lf.plan(PLAN)

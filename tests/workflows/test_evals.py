@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ledgerflow.versions import evals
+from ledgerflow.views.versions import evals
 
 PLAN = """
 goal: three shots, reviewed until they hold together

@@ -22,8 +22,8 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import ActivityEnvironment
 
+from activities.contracts import LlmDecideInput
 from activities.llm import ChatClient, LlmActivities
-from activities.models import LlmDecideInput
 from rules.actions import Dispatch, Escalate, SuspendForHuman
 from rules.events import ArtifactRef, ExecutionResult, Intent, Outcome, TaskCreated, parse, to_new
 from rules.llm import ALLOWED_LLM_ACTIONS, check_llm_action

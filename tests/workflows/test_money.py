@@ -8,7 +8,7 @@ import time
 import uuid
 from decimal import Decimal
 
-from ledgerflow.audit import audit_budget
+from ledgerflow.views.audit import audit_budget
 from rules.events import parse
 from rules.projection import fold
 from rules.recompute import recompute

@@ -1,8 +1,8 @@
-"""People in the loop on real servers (design.md §8): signed decisions arrive through the ``decide`` signal,
-are ruled on by the ``people.record`` local activity, and only a recorded decision is acted on.
+"""People in the loop on real servers (docs/design.md#people): signed decisions arrive through the ``decide``
+signal, are ruled on by the ``people.record_batch`` local activity, and only a recorded decision is acted on.
 
 Keys: the ``lf`` worker's settings hold ``tests/conftest.py``'s APPROVER_KEYS; the tests sign with them
-through ``ledgerflow.people.signed_payload`` (the CLI's own signing).
+through ``ledgerflow.views.people.signed_payload`` (the CLI's own signing).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from peoplekit import cli, signal, wait_open
 from temporalio.client import WorkflowHandle
 from temporalio.worker import Worker
 
-from activities.models import Received, RecordDecisionsInput
+from activities.contracts import Received, RecordDecisionsInput
 from activities.people import PeopleActivities
 from ledger.errors import LedgerError
-from ledgerflow import people
-from ledgerflow.audit import audit_budget
+from ledgerflow.views import people
+from ledgerflow.views.audit import audit_budget
 from rules.actions import HumanDecisionType, HumanRequest, RequestKind, SuspendForHuman
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, Intent, MarkerKind, SystemMarker, TaskCreated, parse, to_new

@@ -15,11 +15,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer
 
+from activities.contracts import StageInput
 from activities.llm import ChatClient
-from activities.models import StageInput
 from activities.review import ReviewActivities
 from artifacts import LocalStore
-from ledgerflow.versions import evals, show_at
+from ledgerflow.views.versions import evals, show_at
 from rules.events import parse
 from rules.plan import REVIEW
 from rules.projection import fold

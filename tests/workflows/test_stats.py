@@ -1,5 +1,6 @@
-"""``ledgerflow stats`` on real servers: seed 003's SLOs from the ledger, over one project's tasks — one that
-completes with real media, one sent back for rework once, one a person aborts."""
+"""``ledgerflow stats`` on real servers: the production SLOs (docs/design.md#production-slos) from the ledger,
+over one project's tasks — one that completes with real media, one sent back for rework once, one a person
+aborts."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from decimal import Decimal
 
 from peoplekit import cli, wait_open
 
-from ledgerflow import people, stats
+from ledgerflow.views import people, stats
 from reconcile.takeover import task_histories
 from rules.projection import fold
 from runtime.signing import demo_key

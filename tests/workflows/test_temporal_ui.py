@@ -13,7 +13,7 @@ from peoplekit import wait_open
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from ledgerflow import people
+from ledgerflow.views import people
 from runtime.signing import demo_key
 from workflows.contracts import workflow_id
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from ledgerflow.audit import audit_budget
+from ledgerflow.views.audit import audit_budget
 from rules.events import parse
 from rules.plan import budget_scopes
 from rules.recompute import recompute

@@ -1,0 +1,177 @@
+"""One operation's record, folded: everything the ledger says about one external call, in one place.
+
+An operation's events all carry its OperationKey: its INTENT (what it was for, what it reserved, the route it
+chose), a ``submitting`` marker before each paid send and a ``refused`` one for each send the vendor provably
+did not accept, Progress with the vendor's job id, its one result under ``{operation_key}:result`` (Outcome,
+Failure, ExecutionResult or a void), late charges for jobs the vendor created after that, and cost anomalies.
+
+The executors fold them to decide how an operation goes on (``reconcile.operations``), the sweep to find
+voided operations that may still have reached the vendor, the audit to match the vendors' bills: each reads
+the same view, so none of them can disagree about what an operation sent, paid or was refused. Pure: no I/O
+and no clock (the times are the events' ``recorded_at``, the database's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from rules.actions import OPERATION_KINDS
+from rules.envelope import StoredEvent
+from rules.events import MarkerKind
+from rules.keys import is_result_key, late_charge_key
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One paid send, as its ``submitting`` marker recorded it before the request left."""
+
+    n: int
+    at: datetime  # the marker's recorded_at: the database's clock, before the request left
+    timeout_s: float  # the client's timeout for it: until then (plus the route's window) it can create a job
+
+
+@dataclass(frozen=True, slots=True)
+class LateCharge:
+    """A job the vendor created for the operation beyond the one it kept (or after it was resolved)."""
+
+    job_id: str
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class OperationRecord:
+    """What the ledger says about one operation (``fold_operation``)."""
+
+    key: str  # its OperationKey ("" while none of its events is on record)
+    kind: str | None  # its INTENT's action (Dispatch, Compensate …); None: no INTENT among the events
+    node: str | None
+    executor: str | None  # the executor its INTENT's action names
+    route: str | None  # the route its INTENT chose (None: not routed)
+    reservation: Decimal  # what its INTENT reserved
+    result: StoredEvent | None  # its one resolution
+    job_id: str | None  # the job it is at: the latest Progress's (a retry resumes this one)
+    job_ids: tuple[str, ...]  # every job of it on record (Progress, the result's, each late charge's)
+    sends: tuple[Send, ...]
+    refused: frozenset[int]  # the sends the vendor refused before accepting anything
+    late_charges: tuple[LateCharge, ...]
+    anomalies: tuple[str, ...]  # every cost anomaly's detail
+
+    @property
+    def dispatched(self) -> bool:
+        """Its INTENT started an operation of its own at a vendor (a dispatch, or a compensation)."""
+        return self.kind in OPERATION_KINDS
+
+    @property
+    def resolved(self) -> bool:
+        return self.result is not None
+
+    @property
+    def voided(self) -> bool:
+        """Resolved as provably never having reached the vendor."""
+        r = self.result
+        return r is not None and r.type == "SystemMarker" and r.payload.get("kind") == MarkerKind.VOID
+
+    @property
+    def cost(self) -> Decimal:
+        """What its result counts as paid (nothing for a void, or while it has none)."""
+        return _decimal(self.result.payload.get("actual_cost")) if self.result is not None else Decimal(0)
+
+    @property
+    def recorded(self) -> Decimal:
+        """Everything the ledger counts as paid for it: its result's cost and every late charge."""
+        return self.cost + sum((c.amount for c in self.late_charges), Decimal(0))
+
+    @property
+    def maybe_sent(self) -> tuple[Send, ...]:
+        """Sends the vendor did not refuse: any of them may have created (and charged) a job."""
+        return tuple(s for s in self.sends if s.n not in self.refused)
+
+    @property
+    def next_send(self) -> int:
+        return max((s.n for s in self.sends), default=0) + 1
+
+    def provable_at(self, max_accept_seconds: float) -> datetime | None:
+        """When "not found by key" becomes proof of absence: no maybe-sent request can land after it, given
+        how long after a send the route's vendor may still accept it (None: nothing may have been sent)."""
+        sends = self.maybe_sent
+        if not sends:
+            return None
+        latest = max(s.at + timedelta(seconds=s.timeout_s) for s in sends)
+        return latest + timedelta(seconds=max_accept_seconds)
+
+
+def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
+    """Fold one operation's events (all carrying its OperationKey), in ledger order."""
+    key = ""
+    intent: StoredEvent | None = None
+    result: StoredEvent | None = None
+    job_id: str | None = None
+    jobs: dict[str, None] = {}  # ordered, each once
+    sends: list[Send] = []
+    refused: set[int] = set()
+    late: list[LateCharge] = []
+    anomalies: list[str] = []
+    for e in events:
+        key = key or e.operation_key or ""
+        if is_result_key(e.dedup_key):
+            if result is None:  # the ledger keeps one: the first written
+                result = e
+                if job := e.payload.get("job_id"):
+                    jobs[str(job)] = None
+        elif e.type == "Intent" and intent is None:
+            intent = e
+        elif e.type == "Progress":
+            job_id = str(e.payload["job_id"])
+            jobs[job_id] = None
+        elif e.type == "SystemMarker":
+            kind, n = e.payload.get("kind"), e.payload.get("send")
+            if kind == MarkerKind.SUBMITTING:
+                # Markers written before sends were numbered count as send 0, with no known timeout: the
+                # longest a request could take is then the route's acceptance window alone.
+                sends.append(Send(int(n or 0), e.recorded_at, float(e.payload.get("timeout_s") or 0.0)))
+            elif kind == MarkerKind.REFUSED and n is not None:
+                refused.add(int(n))
+            elif kind == MarkerKind.LATE_CHARGE:
+                late_job = e.dedup_key.removeprefix(late_charge_key(key, ""))
+                late.append(LateCharge(late_job, _decimal(e.payload.get("amount"))))
+                jobs[late_job] = None
+            elif kind == MarkerKind.COST_ANOMALY:
+                anomalies.append(str(e.payload.get("detail") or ""))
+    action: dict[str, Any] = (intent.payload.get("action") or {}) if intent is not None else {}
+    node = _text(action.get("node")) or (_text(result.payload.get("node")) if result is not None else None)
+    return OperationRecord(
+        key=key,
+        kind=_text(action.get("kind")),
+        node=node,
+        executor=_text(action.get("executor")),
+        route=_text(intent.payload.get("route")) if intent is not None else None,
+        reservation=_decimal(intent.payload.get("reservation")) if intent is not None else Decimal(0),
+        result=result,
+        job_id=job_id,
+        job_ids=tuple(jobs),
+        sends=tuple(sends),
+        refused=frozenset(refused),
+        late_charges=tuple(late),
+        anomalies=tuple(anomalies),
+    )
+
+
+def fold_operations(events: Iterable[StoredEvent]) -> dict[str, OperationRecord]:
+    """Every operation among a task's events, folded, by OperationKey (in the order each first appears)."""
+    by_key: dict[str, list[StoredEvent]] = {}
+    for e in events:
+        if e.operation_key is not None:
+            by_key.setdefault(e.operation_key, []).append(e)
+    return {key: fold_operation(op_events) for key, op_events in by_key.items()}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _decimal(value: Any) -> Decimal:
+    return Decimal(str(value)) if value is not None else Decimal(0)

@@ -1,0 +1,83 @@
+"""The task workflow's policies: timeouts, retry policies, sizes, and the patch markers of its versions.
+
+Patch markers are persisted compatibility data: each names a change of the workflow's commands, and every
+history recorded before it replays the old way (``workflow.patched``). The bodies that only such old
+histories still take are in one fenced section at the end of ``workflows/task.py``; each says which
+histories need it. A marker can be retired with ``workflow.deprecate_patch`` once no history recorded before
+it can still be replayed or resumed (none open, none kept for audit), and its old body deleted then.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy
+
+from activities.contracts import EXECUTOR_NON_RETRYABLE, LEDGER_NON_RETRYABLE, ErrorType
+
+LEDGER_TIMEOUT = timedelta(seconds=30)
+LEDGER_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=5),
+    non_retryable_error_types=LEDGER_NON_RETRYABLE,
+)
+# An operation is retried under its own OperationKey until it resolves (unlimited attempts): every attempt
+# reconciles before sending anything, so a retry can never pay twice, and giving up on an operation whose job
+# may be paid for would lose the charge. Only what no retry can fix ends it; a stuck job is the watchdog's.
+STAGE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    # Short enough that a frozen worker's open polls (which the server still hands retries to until they
+    # expire) cost a task seconds, not minutes.
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,
+    # A fenced-off run, or a bug no retry can fix (activities.contracts).
+    non_retryable_error_types=EXECUTOR_NON_RETRYABLE,
+)
+# Runs recorded before operations were closed from the vendor (operation.close, operation.sweep) replay the
+# way they ran: the new commands are taken only where this marker is (or will be) in the history.
+OPERATION_CLOSE = "operation-close-v1"
+ADOPT_BEFORE_WAIT = "adopt-before-wait-v1"
+# A dispatch's INTENT is written by its executor (runs recorded before wrote it with a local activity first).
+INTENT_IN_EXECUTOR = "intent-in-executor-v1"
+# People's decisions: ruled on in batches with the time each reached Temporal (runs recorded before: one at a
+# time); a deadline already past when the loop comes to wait is marked at once, not dropped; and decisions
+# waiting in the inbox are ruled on before a timeout is marked (the one that arrived in time wins).
+FAIR_DECISIONS = "fair-decisions-v1"
+# The task tells its story in the Temporal UI: search attributes upserted on state transitions and stage
+# completions (not per node: each upsert is a history event), the goal in the memo.
+UI_STORY = "ui-story-v1"
+# A run whose history grows long continues as new: it stops dispatching, lets what is in flight finish, and
+# hands over to a new run that re-opens the task from the ledger (takes the next epoch, adopts whatever is
+# still open, which after the drain is nothing but a crashed worker's leftovers).
+CONTINUE_AS_NEW = "continue-as-new-v1"
+# A failed or aborted task undoes its compensable outputs (rules.table R12) before its end state is final.
+COMPENSATION = "compensation-v1"
+DECISION_BATCH = 100
+# Ledger events per local activity result when a run reads a long ledger (opening, refolding): an event is at
+# most ~20 kB (a Decision's raw output), so a page stays under Temporal's 2 MB payload limit.
+LEDGER_PAGE = 200
+SUGGESTION_MIN_GROWTH = 2_000  # events a run adds before Temporal's size-based suggestion is taken
+LEDGER_PAGES = (
+    "ledger-pages-v1"  # the refold reads in pages (the opening needs no marker: see OpenTaskResult)
+)
+# Closing an operation (its task ended, or its executor gave up) is retried until it resolves: it only reads,
+# cancels and records, and it may have to wait until a maybe-sent request is provably absent.
+CLOSE_TIMEOUT = timedelta(minutes=10)
+CLOSE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=0,
+    non_retryable_error_types=[ErrorType.STALE_EPOCH],
+)
+# The fallback planner is asked a few times at most: an outage (retries exhausted on LlmUnavailable) or a
+# refused request (LlmRejected, not retried) suspends the task for a person instead of failing the workflow.
+LLM_TIMEOUT = timedelta(minutes=2)
+LLM_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=3,
+    non_retryable_error_types=[ErrorType.LLM_REJECTED],
+)
