@@ -555,6 +555,46 @@ def _amount(text: str) -> Decimal:
         raise ClientError(f"amount {text[:40]!r} {e}") from None
 
 
+billing_app = typer.Typer(no_args_is_help=True, help="The vendors' bills: evidence for a disputed charge.")
+app.add_typer(billing_app, name="billing")
+
+
+@billing_app.command("dispute")
+@friendly
+def billing_dispute(
+    operation_key: Annotated[
+        str, typer.Argument(metavar="OPERATION_KEY", help="the operation, e.g. TASK:NODE:a1")
+    ],
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="write the JSON bundle to this file (default: stdout)")
+    ] = None,
+) -> None:
+    """Write the evidence for a refund claim on one operation as JSON: its INTENT (request, reservation,
+    route), every numbered send and whether it was refused, its jobs, its result (cost, anomalies, late
+    charges), the probe of its output, and the vendor's own charge lines for its key where its route lists
+    them."""
+    from ledgerflow import client as lf
+    from ledgerflow.views.billing import UnknownOperation, dispute
+
+    settings = get_settings()
+
+    async def go() -> dict[str, Any]:
+        rec = lf.recorder(settings)
+        try:
+            return await dispute(settings, rec, operation_key)
+        except UnknownOperation as e:
+            raise ClientError(str(e)) from None
+        finally:
+            rec.dispose()
+
+    text = json.dumps(asyncio.run(go()), indent=2, default=str) + "\n"
+    if out_file is None:
+        sys.stdout.write(text)
+    else:
+        out_file.write_text(text)
+        out.print(f"{operation_key}: evidence written to {out_file}", markup=False, highlight=False)
+
+
 # ── people in the loop: the queue, one request, deciding, dead letters ─────────────────────────────────
 
 

@@ -160,7 +160,7 @@ class Billing:
         )
 
     def notes(self) -> list[str]:
-        out = [f"billing not listable for {u}" for u in self.unlisted]
+        out = [f"billing: cannot list charges: {u}" for u in self.unlisted]
         if self.open:
             out.append(f"billing: {self.open} operations still open, not compared")
         if self.inference:
@@ -203,42 +203,57 @@ def match_charges(
     ops: Sequence[OperationRecord],
     listed: Sequence[Listed],
     *,
-    compared: Callable[[OperationRecord], bool],
+    served: Callable[[OperationRecord], str | None],
     attributable: Callable[[VendorCharge], bool],
 ) -> Billing:
-    """Match every charge to exactly one operation, by its key or its job id, and compare the amounts.
+    """Match every charge to exactly one operation of the billing account that listed it, by its key or its
+    job id, and compare the amounts.
 
     Args:
         ops: The audited tasks' operations.
-        listed: The charges the vendors listed (every charge of their accounts since the tasks began).
-        compared: Whether an operation's vendor listed its charges (its route can), so its cost is compared.
+        listed: The charges the vendors listed (every charge of their accounts since the tasks began), each
+            with the account (``Listed.account``) that listed it.
+        served: The account whose listing holds an operation's charges: that of the route that served it
+            (its INTENT's route, a fallback included); None where that listing cannot be read, and then its
+            cost is not compared.
         attributable: Whether a charge no operation claims is the audited tasks' (one task: its keys; every
             task: any charge) and so unmatched, rather than somebody else's.
     """
     billing = Billing()
-    by_key = {op.key: op for op in ops}
-    by_job = {job: op for op in ops for job in op.job_ids}
-    charged: dict[str, list[VendorCharge]] = {}
-    for item in listed:
-        c = item.charge
-        keyed = by_key.get(c.operation_key) if c.operation_key else None
-        jobbed = by_job.get(c.job_id)
-        if keyed is not None and jobbed is not None and keyed is not jobbed:
-            billing.ambiguous.append(f"{item} is claimed by operations {keyed.key} and {jobbed.key}")
-            continue
-        op = keyed or jobbed
-        if op is None:
-            if attributable(c):
-                billing.unmatched.append(item)
-            continue
-        billing.matched += 1
-        charged.setdefault(op.key, []).append(c)
+    accounts: dict[str, tuple[dict[str, OperationRecord], dict[str, list[OperationRecord]]]] = {}
+    compared: list[OperationRecord] = []
     for op in ops:
         if op.executor == REVIEW:
             billing.inference += op.recorded
             continue
-        if not compared(op):
+        account = served(op)
+        if account is None:
             continue
+        compared.append(op)
+        by_key, by_job = accounts.setdefault(account, ({}, {}))
+        by_key[op.key] = op
+        for job in op.job_ids:
+            by_job.setdefault(job, []).append(op)
+    charged: dict[str, list[VendorCharge]] = {}
+    for item in listed:
+        c = item.charge
+        by_key, by_job = accounts.get(item.account, ({}, {}))
+        claims: dict[str, OperationRecord] = {}  # the operations that claim it, each once, the key's first
+        keyed = by_key.get(c.operation_key) if c.operation_key else None
+        if keyed is not None:
+            claims[keyed.key] = keyed
+        claims.update((op.key, op) for op in by_job.get(c.job_id, ()))
+        if len(claims) > 1:
+            billing.ambiguous.append(f"{item} is claimed by operations {' and '.join(claims)}")
+            continue
+        if not claims:
+            if attributable(c):
+                billing.unmatched.append(item)
+            continue
+        [op] = claims.values()
+        billing.matched += 1
+        charged.setdefault(op.key, []).append(c)
+    for op in compared:
         if not op.resolved:
             billing.open += 1
             continue
@@ -256,6 +271,15 @@ def match_charges(
     return billing
 
 
+def served_by(op: OperationRecord) -> str | None:
+    """The route that served an operation: the one its INTENT chose (a fallback, while its primary's breaker
+    was open), else — a record from before routes were chosen — its executor's. None: framework work (the
+    review's model call, compose), which no vendor bills."""
+    if op.executor in (REVIEW, COMPOSE):
+        return None
+    return op.route or op.executor
+
+
 async def audit_billing(
     settings: Settings,
     ops: Sequence[OperationRecord],
@@ -264,56 +288,64 @@ async def audit_billing(
     *,
     every: bool,
 ) -> Billing:
-    """List every vendor account's charges since ``since`` and match them to the operations ``ops`` of the
-    tasks ``task_ids``.
+    """List the charges since ``since`` of every billing account the operations ``ops`` of the tasks
+    ``task_ids`` were served by — the route each INTENT recorded, fallbacks included, and every other route
+    that could have served their executors — and match each charge to one operation of its own account.
 
     ``every``: the audit covers the whole ledger, so a charge no operation claims is unmatched whoever made
     it; else only a charge under one of these tasks' keys is theirs.
     """
     table = deployment_table(settings)
-    listable: dict[str, str] = {}  # executor -> its billing account's label
-    unlisted: dict[str, str] = {}  # executor -> why its charges cannot be listed
-    accounts: dict[tuple[str, str, str], tuple[str, list[str]]] = {}  # account -> (label, executors)
-    for executor in sorted({op.executor for op in ops if op.executor is not None} - {REVIEW, COMPOSE}):
+    unlisted: dict[str, str] = {}  # route -> why its charges cannot be listed
+    routes: set[str] = set()
+    for op in ops:
+        name = served_by(op)
+        if name is None:
+            if op.executor not in (REVIEW, COMPOSE):
+                unlisted[f"operation {op.key}"] = f"operation {op.key} (no route on record)"
+            continue
+        routes.add(name)
+        if op.executor is not None and op.executor in table.routes:
+            routes.update(c.route for c in table.chain(op.executor))  # a stray charge may be at any of them
+    accounts: dict[tuple[str, str, str], tuple[str, list[str]]] = {}  # account -> (label, its routes)
+    for name in sorted(routes):
         try:
-            route = table.route(executor)
+            route = table.route(name)
         except RouteError:
-            unlisted[executor] = f"route {executor} (no such route in this deployment's table)"
+            unlisted[name] = f"route {name} (no such route in this deployment's table)"
             continue
         if route.adapter == AdapterKind.LOCAL:
             continue  # work the worker does itself: no vendor, no bill
         base = route.base_url or settings.vendor_url_or_none() or ""
         account = (route.adapter.value, base, route.credential_env)
-        label = f"{route.adapter.value} at {base}"
-        accounts.setdefault(account, (label, []))[1].append(executor)
+        accounts.setdefault(account, (f"{route.adapter.value} at {base}", []))[1].append(name)
     listed: list[Listed] = []
+    listable: dict[str, str] = {}  # route -> the account that listed its charges (Listed.account)
     async with httpx.AsyncClient(timeout=30.0) as http:
         adapters = _adapters(settings, http)
-        for label, executors in accounts.values():
-            routes = ", ".join(executors)
+        for label, names in accounts.values():
             try:
-                adapter = adapters(executors[0])
+                adapter = adapters(names[0])
                 if not adapter.capabilities.can_list_charges or not isinstance(adapter, ChargeListing):
                     raise _NotListable(f"the {adapter.route.adapter.value} API lists no charges per call")
                 charges = await adapter.charges(since)
             except (_NotListable, VendorError, ConfigError, RouteError) as e:  # RouteError: no base URL
-                for executor in executors:
-                    unlisted[executor] = f"route {executor} ({e})"
+                for name in names:
+                    unlisted[name] = f"route {name} ({e})"
                 continue
-            listed.extend(Listed(f"{label} ({routes})", c) for c in charges)
-            for executor in executors:
-                listable[executor] = label
+            account_label = f"{label} ({', '.join(names)})"
+            listed.extend(Listed(account_label, c) for c in charges)
+            listable.update((name, account_label) for name in names)
     prefixes = tuple(f"{tid}:" for tid in task_ids)
 
     def attributable(c: VendorCharge) -> bool:
         return every or (c.operation_key or "").startswith(prefixes)
 
-    billing = match_charges(
-        ops,
-        listed,
-        compared=lambda op: op.executor in listable,
-        attributable=attributable,
-    )
+    def served(op: OperationRecord) -> str | None:
+        name = served_by(op)
+        return listable.get(name) if name is not None else None
+
+    billing = match_charges(ops, listed, served=served, attributable=attributable)
     billing.unlisted = sorted(set(unlisted.values()))
     return billing
 

@@ -1,0 +1,148 @@
+"""``ledgerflow billing dispute OPERATION_KEY``: the evidence for a refund claim on one operation, as JSON.
+
+Everything the ledger holds about the operation (``rules.operation`` folds it): its INTENT (the request it
+fixed, what it reserved, the route that served it and why), each numbered send with its time and whether the
+vendor refused it, its job ids, its one result (cost, cost anomalies, late charges) and the probe of its
+output where one was recorded; beside it, the vendor's own charge lines for that key (or its jobs), read from
+the serving route's billing listing where that route can list charges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+import httpx
+
+from ledger.recorder import Recorder
+from ledgerflow.views.audit import CLOCK_SLACK, _adapters, served_by
+from rules.envelope import StoredEvent
+from rules.money import vendor_amount
+from rules.operation import OperationRecord, fold_operation
+from runtime.settings import ConfigError, Settings
+from vendors.adapter import ChargeListing
+from vendors.errors import VendorError
+from vendors.routes import AdapterKind, RouteError, deployment_table
+
+
+class UnknownOperation(LookupError):
+    pass
+
+
+async def dispute(settings: Settings, recorder: Recorder, operation_key: str) -> dict[str, Any]:
+    """The evidence bundle of ``operation_key`` (JSON-ready).
+
+    Raises:
+        UnknownOperation: no event of the ledger carries that key.
+    """
+    events = await asyncio.to_thread(recorder.events_by_operation_key, operation_key)
+    events = [e for e in events if e.operation_key == operation_key]
+    if not events:
+        raise UnknownOperation(f"no operation {operation_key} in the ledger")
+    op = fold_operation(events)
+    intent = next((e for e in events if e.type == "Intent"), None)
+    return {
+        "operation_key": op.key,
+        "task": events[0].task_id,
+        "node": op.node,
+        "kind": op.kind,
+        "intent": _intent(op, intent),
+        "sends": [
+            {"n": s.n, "at": s.at.isoformat(), "timeout_s": s.timeout_s, "refused": s.n in op.refused}
+            for s in op.sends
+        ],
+        "job_ids": list(op.job_ids),
+        "result": _result(op),
+        "probe": _probe(op.result),
+        "vendor_charges": await _vendor_charges(settings, op, events[0]),
+    }
+
+
+def _intent(op: OperationRecord, intent: StoredEvent | None) -> dict[str, Any] | None:
+    if intent is None:
+        return None
+    action = intent.payload.get("action") or {}
+    return {
+        "seq": intent.seq,
+        "recorded_at": intent.recorded_at.isoformat(),
+        "rule": intent.payload.get("rule"),
+        "executor": op.executor,
+        "route": op.route,
+        "route_claim": intent.payload.get("route_claim"),
+        "route_reason": intent.payload.get("route_reason") or "",
+        "reservation": str(op.reservation),
+        "estimate": action.get("estimate"),
+        "request": action.get("input") or {},
+        "input_hash": action.get("input_hash"),
+    }
+
+
+def _result(op: OperationRecord) -> dict[str, Any]:
+    r = op.result
+    out: dict[str, Any] = {
+        "resolved": r is not None,
+        "type": None if r is None else ("void" if op.voided else r.type),
+        "recorded_at": None if r is None else r.recorded_at.isoformat(),
+        "cost": str(op.cost),
+        "recorded_total": str(op.recorded),  # the result's cost and every late charge
+        "anomalies": list(op.anomalies),
+        "late_charges": [{"job_id": c.job_id, "amount": str(c.amount)} for c in op.late_charges],
+    }
+    if r is not None:
+        for field in ("job_id", "kind", "error", "detail"):
+            if r.payload.get(field) not in (None, ""):
+                out[field] = r.payload[field]
+    return out
+
+
+def _probe(result: StoredEvent | None) -> dict[str, Any] | None:
+    """What the output was found to be when it was registered (and what the vendor claimed, where that
+    differed), if the result recorded it."""
+    artifact = result.payload.get("artifact") if result is not None else None
+    if not isinstance(artifact, dict) or not (artifact.get("media") or artifact.get("claimed")):
+        return None
+    return {
+        "uri": artifact.get("uri"),
+        "sha256": artifact.get("sha256"),
+        "size": artifact.get("size"),
+        "media": artifact.get("media"),
+        "claimed": artifact.get("claimed"),
+    }
+
+
+async def _vendor_charges(settings: Settings, op: OperationRecord, first: StoredEvent) -> dict[str, Any]:
+    """The serving route's charge lines for the operation's key or one of its jobs, or why there are none."""
+    route = served_by(op)
+    found: dict[str, Any] = {"route": route, "lines": None, "total": None, "cannot_list": None}
+    if route is None:
+        found["cannot_list"] = "framework work (no vendor bills it)"
+        return found
+    try:
+        spec = deployment_table(settings).route(route)
+    except RouteError:
+        found["cannot_list"] = f"no route {route} in this deployment's table"
+        return found
+    if spec.adapter == AdapterKind.LOCAL:
+        found["cannot_list"] = "work the worker does itself: no vendor, no bill"
+        return found
+    jobs = set(op.job_ids)
+    try:
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            adapter = _adapters(settings, http)(route)
+            if not adapter.capabilities.can_list_charges or not isinstance(adapter, ChargeListing):
+                found["cannot_list"] = (
+                    f"the {spec.adapter.value} API lists no charges per call: reconcile against the "
+                    f"vendor's invoice by the OperationKey {op.key}"
+                )
+                return found
+            charges = await adapter.charges(first.recorded_at - CLOCK_SLACK)
+    except (VendorError, ConfigError, RouteError) as e:
+        found["cannot_list"] = str(e)
+        return found
+    lines = [c for c in charges if c.operation_key == op.key or c.job_id in jobs]
+    amounts = [vendor_amount(c.amount).amount for c in lines]
+    found["lines"] = [c.model_dump(mode="json") for c in lines]
+    if all(a is not None for a in amounts):
+        found["total"] = str(sum((a for a in amounts if a is not None), Decimal(0)))
+    return found
