@@ -186,7 +186,10 @@ class ClosingActivities:
             adapter = traced(self.adapters.get(executor))
         except Exception:
             return 0
-        if not record.maybe_sent or not adapter.capabilities.can_lookup or adapter.capabilities.free:
+        # A send refused with a 5xx (a route's ``refused_statuses``, or a record from before they were opt-in)
+        # is looked up too: a status is evidence only where the vendor says so, and a lookup is cheap.
+        sent = bool(record.maybe_sent) or bool(record.refused_5xx)
+        if not sent or not adapter.capabilities.can_lookup or adapter.capabilities.free:
             return 0
         try:
             jobs = await adapter.find_by_key(key)

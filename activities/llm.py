@@ -12,7 +12,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 import httpx
@@ -29,7 +29,7 @@ from rules.actions import Action
 from rules.events import Decision, to_new
 from rules.keys import decision_key
 from rules.llm import Proposal, check_llm_action, parse_proposal
-from rules.money import MAX_AMOUNT, vendor_amount
+from rules.money import MAX_AMOUNT, VendorAmount, priced_amount, usage_problem
 from rules.projection import apply, fold
 from runtime.settings import Settings
 from vendors.openai import ChatCompletion
@@ -45,6 +45,15 @@ class ChatReply:
     cost: Decimal
     prompt_hash: str
     model: str
+    # What was odd about the vendor's usage figure (with its raw value), if anything; ``unusable``: it could
+    # not price the call, and ``cost`` is the bound from the call's bytes (a token is at least one byte).
+    anomaly: str | None = None
+    unusable: bool = False
+
+    def amount(self) -> VendorAmount:
+        """The call's cost as the operation's settle path takes it (``Operation.settle_cost``): the priced
+        usage, or unusable (the operation counts its estimate, flagged with the raw figure)."""
+        return VendorAmount(None if self.unusable else self.cost, self.anomaly, self.anomaly or "")
 
 
 class LlmRefused(ApplicationError):
@@ -127,19 +136,48 @@ class ChatClient:
                 f"LLM refused the request ({r.status_code})", type=ErrorType.LLM_REJECTED, non_retryable=True
             )
         try:
-            chat = ChatCompletion.model_validate_json(r.content)
-        except ValidationError:
+            answer = json.loads(r.content)
+            # The usage is a vendor figure, judged by the money gate below: an odd one (negative, NaN) must
+            # not make a paid answer unreadable (and asked, and paid for, again).
+            usage = answer.pop("usage", None) if isinstance(answer, dict) else None
+            chat = ChatCompletion.model_validate(answer)
+        except (ValueError, RecursionError, ValidationError):  # not JSON, or not a chat completion
             # Answered 2xx, so the model ran and billed: not a refusal, and not to be read by guesswork.
             raise ApplicationError(
                 "LLM answer is not a chat completion", type=ErrorType.LLM_UNAVAILABLE
             ) from None
-        tokens_in, tokens_out = chat.usage.prompt_tokens, chat.usage.completion_tokens
-        # Priced through the money type like every vendor figure: rounded up to the ledger's scale.
-        priced = vendor_amount(Decimal(tokens_in + tokens_out) * self._price / 1000, what="inference cost")
-        # Unusable only when absurdly large: never counted as less than the money type can hold.
-        cost = priced.amount if priced.amount is not None else MAX_AMOUNT
+        tokens_in, tokens_out, amount = usage_amount(usage, self._price)
         content = chat.text[:MAX_OUTPUT_CHARS]
-        return ChatReply(content, tokens_in, tokens_out, cost, prompt_hash, chat.model or self.model)
+        model = chat.model or self.model
+        if amount.amount is None:
+            # Never less than the call can have cost: every token is at least a byte of the exchange.
+            size = len(json.dumps(body).encode()) + len(r.content)
+            bound = priced_amount(Decimal(size) * self._price / 1000).amount
+            cost = bound if bound is not None else MAX_AMOUNT
+            return ChatReply(content, 0, 0, cost, prompt_hash, model, amount.anomaly, unusable=True)
+        return ChatReply(content, tokens_in, tokens_out, amount.amount, prompt_hash, model, amount.anomaly)
+
+
+def usage_amount(usage: Any, price_per_1k: Decimal) -> tuple[int, int, VendorAmount]:
+    """A chat answer's ``usage`` (input and output tokens) priced into money, through the money gate.
+
+    No usage is no tokens, as OpenAI's schema defaults it. A count that is not a finite number at least 0
+    (negative, NaN, absurd) or a usage that is not an object is unusable: the caller counts the call at its
+    estimate (or a bound), flagged with the raw figure — never a smaller charge, never an unreadable answer.
+    """
+    if usage is None:
+        usage = {}
+    if not isinstance(usage, dict):
+        return 0, 0, VendorAmount(None, f"vendor usage {str(usage)[:60]!r} is unusable", str(usage)[:60])
+    counts: list[int] = []
+    for what in ("prompt_tokens", "completion_tokens"):
+        raw = usage.get(what, 0)
+        if (problem := usage_problem(raw, what=what)) is not None:
+            return 0, 0, VendorAmount(None, problem, str(raw)[:60])
+        counts.append(int(Decimal(str(raw)).to_integral_value(ROUND_CEILING)))  # a fraction counts whole
+    tokens_in, tokens_out = counts
+    priced = priced_amount(Decimal(tokens_in + tokens_out) * price_per_1k / 1000, what="inference cost")
+    return tokens_in, tokens_out, priced
 
 
 def parse_json_object(text: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -169,7 +207,11 @@ def cached_reply(details: Any, **label: str) -> ChatReply | None:
     if not isinstance(details, dict) or any(details.get(k) != v for k, v in label.items()):
         return None
     try:
-        fields = {f.name: details[f.name] for f in dataclasses.fields(ChatReply)}
+        fields = {
+            f.name: details[f.name]
+            for f in dataclasses.fields(ChatReply)
+            if f.name in details or f.default is dataclasses.MISSING  # an older attempt's has no anomaly
+        }
         return ChatReply(**fields | {"cost": Decimal(str(details["cost"]))})
     except (KeyError, TypeError, ValueError, ArithmeticError):
         return None
@@ -207,6 +249,8 @@ class LlmActivities:
                 question = json.dumps({"task": inp.summary}, sort_keys=True, default=str)
                 reply = await self.chat.complete(DECIDE_SYSTEM % inp.allowed, question)
                 beat.beat(reply_details(reply))  # a retry reuses the answer
+        if reply.anomaly:  # the planner has no operation: its spend is the figure, or the call's byte bound
+            activity.logger.warning("cost anomaly (inference): %s; counted %s", reply.anomaly, reply.cost)
         raw, problem = parse_json_object(reply.content)
         proposal, problem = parse_proposal(raw) if raw is not None else (None, problem)
         decision = Decision(

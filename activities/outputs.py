@@ -32,7 +32,7 @@ from rules.events import ArtifactRef, FailureKind, Media, Outcome
 from rules.money import vendor_amount
 from rules.projection import fold
 from runtime.faults import mark
-from vendors.adapter import JobStatus, VendorAdapter, VendorJob, job_amount
+from vendors.adapter import JobStatus, VendorAdapter, VendorJob, job_amount, price_bound
 from vendors.errors import UnsafeResultUrl, VendorError, VendorNotFound
 
 MEDIA_FORMATS = frozenset({"png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "webm", "wav", "mp3", "m4a"})
@@ -81,7 +81,9 @@ class Outputs:
             artifact = await self._store_output(op, adapter, inp, job)
         except ResultProblem as e:
             return await op.failure(e.kind, str(e), await op.settle_cost(amount), job_id=job.id)
-        cost = await op.settle_cost(amount, own_job=True)
+        # The vendor's billing is judged by the route's own price, not by a plan's estimate.
+        bound, window_s = price_bound(adapter.route, job), adapter.route.breaker.window
+        cost = await op.settle_cost(amount, own_job=True, price_bound=bound, window_s=window_s)
         # The node check: an artifact outside its stage's output bounds is never registered as the node's
         # version; it is paid for, and the rules retry with the problem in the request.
         if problems := output_problems(inp.output, artifact.media):

@@ -219,7 +219,9 @@ class ReviewActivities:
         if judged and not any(r.severity == Severity.BLOCK for r in results):
             soft = [r for r in results if r.severity == Severity.SOFT]
             reply = await self._judge(op, state, review_prompt(p, business, soft), beat)
-            cost = reply.cost
+            # The model call's spend settles like every operation's: through the money gate, at the
+            # estimate (flagged, with the raw figure) when its usage cannot price it.
+            cost = await op.settle_cost(reply.amount())
             judgement, problem = parse_judgement(reply.content)
             if judgement is None:
                 results.append(CheckResult("content.model", Severity.SOFT, f"judgement unusable: {problem}"))

@@ -185,7 +185,11 @@ class StageActivities(ClosingActivities):
             reused = await self.outputs.reuse(op, inp)
             if reused is not None:
                 return reused
-        step = await reconcile(adapter, adapter.route, state, op.key, heartbeat_job)
+        # Its route stopped serving while a send of it may have landed (a 5xx its route does not list as a
+        # refusal, a timeout, a reset): never resend into the outage; look it up, and void it — so its node
+        # can go elsewhere — only once it is proven absent (no send can land any more), like any maybe-sent.
+        prove = _stopped_serving(op) and bool(state.maybe_sent) and adapter.capabilities.can_lookup
+        step = await reconcile(adapter, adapter.route, state, op.key, heartbeat_job, stopping=prove)
         if step.next == Next.VOID:
             return await op.void(step.why)
         if step.next == Next.UNKNOWN:
@@ -247,13 +251,13 @@ class StageActivities(ClosingActivities):
             ) from None
         except VendorError as e:
             if e.refused and send is not None:
-                await op.refused(send, str(e))  # provably not accepted: no longer "maybe sent"
+                await op.refused(send, str(e), e.status_code)  # provably not accepted: not "maybe sent"
             earlier = bool(state.maybe_sent) and not caps.free
             if isinstance(e, VendorNotFound):
                 # A 404 to a submit is the route's address, not the request: nothing was accepted; pause the
                 # route for a person instead of retrying a wrong URL forever.
                 if send is not None:
-                    await op.refused(send, str(e))
+                    await op.refused(send, str(e), e.status_code)
                 raise await self._pause(inp.executor, e) from e
             if isinstance(e, VendorRejected) and not isinstance(e, VendorAuthError):
                 if earlier:
@@ -384,7 +388,16 @@ def _not_serving(op: Operation, state: OperationState) -> str | None:
     h = op.breaker
     if h is None or state.job_id is not None or state.maybe_sent:
         return None
-    if h.state == BreakerState.OPEN or (h.state == BreakerState.HALF_OPEN and h.probe_key != op.key):
+    if _stopped_serving(op):
         why = f"{h.state.value}: {h.reason}"
         return f"route {op.route} stopped serving ({why}); nothing was sent, the node goes again"
     return None
+
+
+def _stopped_serving(op: Operation) -> bool:
+    """The operation's route takes nothing of it now: its breaker is open, or half-open with another
+    operation as its probe."""
+    h = op.breaker
+    if h is None:
+        return False
+    return h.state == BreakerState.OPEN or (h.state == BreakerState.HALF_OPEN and h.probe_key != op.key)

@@ -219,6 +219,9 @@ class SystemMarker(_Event):
     timeout_s: float | None = None
     # ``late_charge``: what the vendor charged for the late job (spent on every budget scope).
     amount: Decimal | None = None
+    # ``refused``: the HTTP status the vendor refused that send with, where there was one (a 5xx is a refusal
+    # only on a route that declares it so; the end-of-task sweep still looks such an operation up).
+    status: int | None = None
 
 
 class HumanDecision(_Event):

@@ -26,6 +26,7 @@ from pydantic import BeforeValidator
 MONEY_SCALE: Final = 6  # micro-units: the ledger's numeric(20, 6)
 QUANTUM: Final = Decimal(1).scaleb(-MONEY_SCALE)
 MAX_AMOUNT: Final = Decimal("1000000000")  # one billion per amount: anything larger is a typo or an attack
+MAX_USAGE: Final = Decimal(10) ** 12  # tokens or seconds of one call: anything larger is not a real figure
 
 
 def _decimal(value: Any) -> Decimal:
@@ -93,3 +94,30 @@ def vendor_amount(raw: Any, *, what: str = "cost") -> VendorAmount:
             rounded, f"vendor {what} {shown} is finer than {QUANTUM}: recorded as {rounded}", shown
         )
     return VendorAmount(rounded, None, shown)
+
+
+def usage_problem(raw: Any, *, what: str) -> str | None:
+    """Why a usage figure a vendor reported (tokens, seconds) cannot price a call, or None if it can.
+
+    A usage figure is priced into money, so it is held to the same gate as a cost: finite, not negative, not
+    absurd. A bad one makes the priced cost unusable (the caller counts the estimate, flagged), never a
+    smaller charge or an exception after the work was paid for.
+    """
+    shown = str(raw)[:60]
+    try:
+        figure = _decimal(raw)
+    except ValueError as e:
+        return f"vendor {what} {shown!r} is unusable ({e})"
+    if figure < 0:
+        return f"vendor {what} {shown} is negative"
+    if figure > MAX_USAGE:
+        return f"vendor {what} {shown} is above {MAX_USAGE:.0E}"
+    return None
+
+
+def priced_amount(priced: Decimal, *, what: str = "priced cost") -> VendorAmount:
+    """A cost *we* computed from a route's price and valid usage: rounded up to the scale without a flag
+    (the fraction is ours, not the vendor's oddity); unusable if negative or above ``MAX_AMOUNT``."""
+    if not priced.is_finite() or priced < 0 or priced > MAX_AMOUNT:
+        return VendorAmount(None, f"{what} {str(priced)[:60]} is unusable", str(priced)[:60])
+    return VendorAmount(priced.quantize(QUANTUM, rounding=ROUND_CEILING), None, str(priced)[:60])

@@ -57,6 +57,9 @@ class OperationRecord:
     job_ids: tuple[str, ...]  # every job of it on record (Progress, the result's, each late charge's)
     sends: tuple[Send, ...]
     refused: frozenset[int]  # the sends the vendor refused before accepting anything
+    # Those of them refused with a 5xx, or with no status on record: evidence only where the route says so,
+    # so a voided operation with one is still looked up when its task ends.
+    refused_5xx: frozenset[int]
     late_charges: tuple[LateCharge, ...]
     anomalies: tuple[str, ...]  # every cost anomaly's detail
 
@@ -113,6 +116,7 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
     jobs: dict[str, None] = {}  # ordered, each once
     sends: list[Send] = []
     refused: set[int] = set()
+    refused_5xx: set[int] = set()
     late: list[LateCharge] = []
     anomalies: list[str] = []
     for e in events:
@@ -135,6 +139,11 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
                 sends.append(Send(int(n or 0), e.recorded_at, float(e.payload.get("timeout_s") or 0.0)))
             elif kind == MarkerKind.REFUSED and n is not None:
                 refused.add(int(n))
+                status = e.payload.get("status")
+                # No status on record (written before refusals kept theirs, when 503 and 529 were refusals
+                # by default): counted with the 5xx ones, since a lookup is cheap and a missed charge is not.
+                if not isinstance(status, int) or status >= 500:
+                    refused_5xx.add(int(n))
             elif kind == MarkerKind.LATE_CHARGE:
                 late_job = e.dedup_key.removeprefix(late_charge_key(key, ""))
                 late.append(LateCharge(late_job, _decimal(e.payload.get("amount"))))
@@ -155,6 +164,7 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
         job_ids=tuple(jobs),
         sends=tuple(sends),
         refused=frozenset(refused),
+        refused_5xx=frozenset(refused_5xx),
         late_charges=tuple(late),
         anomalies=tuple(anomalies),
     )

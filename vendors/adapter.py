@@ -15,13 +15,13 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
-from rules.money import QUANTUM, VendorAmount, vendor_amount
+from rules.money import VendorAmount, priced_amount, usage_problem, vendor_amount
 from vendors.routes import RouteSpec, VendorMode
 
 
@@ -215,12 +215,39 @@ def job_amount(route: RouteSpec, job: VendorJob) -> VendorAmount:
     """
     if job.cost is not None:
         return vendor_amount(job.cost)
+    if (bad := usage_problems(job)) is not None:
+        return VendorAmount(None, f"{bad[0]}: the job cannot be priced from it", bad[1])
     price = route.price
     needs_seconds = price.per_second > 0 and job.seconds is None
     priced = price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
     if priced <= 0 or needs_seconds:
         return VendorAmount(None, "the vendor reports no cost and the route's price gives none for this job")
-    return VendorAmount(priced.quantize(QUANTUM, rounding=ROUND_CEILING), None, str(priced))
+    return priced_amount(priced)
+
+
+def usage_problems(job: VendorJob) -> tuple[str, str] | None:
+    """The first usage figure of ``job`` (seconds, tokens) that cannot price it, and its raw value; or None.
+
+    Through the money gate (``rules.money.usage_problem``): negative, NaN, infinite or absurd is unusable.
+    """
+    figures = (("seconds", job.seconds), ("tokens_in", job.tokens_in), ("tokens_out", job.tokens_out))
+    for what, raw in figures:
+        if raw is not None and (problem := usage_problem(raw, what=what)) is not None:
+            return problem, str(raw)[:60]
+    return None
+
+
+def price_bound(route: RouteSpec, job: VendorJob) -> Decimal | None:
+    """What the route's own declared price says ``job`` should cost, or None where it cannot say.
+
+    None: the route declares no price, or its price needs a usage figure (seconds) the job does not report
+    validly. This — not a plan's estimate — is what a charge is held against to judge the vendor's billing.
+    """
+    price = route.price
+    if usage_problems(job) is not None or (price.per_second > 0 and job.seconds is None):
+        return None
+    bound = price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
+    return bound if bound > 0 else None
 
 
 def mode_of(route: RouteSpec, caps: Capabilities) -> VendorMode:

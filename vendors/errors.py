@@ -41,9 +41,9 @@ class VendorUnavailable(VendorError):
 
 
 class VendorOverloaded(VendorUnavailable):
-    """A 503 (or 529) answer: the vendor says it is down or overloaded and did not take the request (the
-    route's ``refused_statuses``; a route whose gateway answers 503 after accepting lists none). Nothing was
-    accepted: the request may go elsewhere."""
+    """A 5xx the route lists in ``refused_statuses`` (none by default): its vendor documents that this status
+    means it is down or overloaded and did not take the request. Nothing was accepted: the request may go
+    elsewhere. A 5xx the route does not list is a ``VendorUnavailable``: maybe accepted."""
 
     refused = True
 

@@ -1,8 +1,9 @@
 """What every HTTP adapter shares: one request path, one error classification, safe result downloads.
 
 * Status codes are classified once (``classify``) into ``vendors.errors``, by what they prove: a refusal
-  (429, 408, 401/403, other 4xx, and the route's ``refused_statuses``: 503 and 529 unless it says otherwise)
-  means nothing was accepted; any other 5xx, a timeout or a reset means the outcome is unknown.
+  (429, 408, 401/403, other 4xx, and the route's ``refused_statuses``: none unless its vendor documents
+  them) means nothing was accepted; any other 5xx (a gateway's 503/504 may follow an accepted request), a
+  timeout or a reset means the outcome is unknown.
 * Result URLs may be relative or absolute (a CDN on another host). They are resolved against the route's
   base URL as URLs, never by string concatenation (``base + "@other.host/x"`` would make ``other.host`` the
   host and the base a user name), and the bearer key goes only to the route's own origin or a host on its

@@ -153,9 +153,12 @@ class RouteSpec(_Strict):
     allow_hosts: tuple[str, ...] = ()
     model: str | None = Field(default=None, max_length=200)  # a predictions version or an OpenAI model
     breaker: Breaker = Breaker()
-    # 5xx answers this vendor gives only when it did NOT take the request (down, overloaded): refusals, so a
-    # request refused this way may go to a fallback. Any other 5xx leaves the outcome unknown.
-    refused_statuses: tuple[int, ...] = (503, 529)
+    # 5xx answers this vendor gives only when it did NOT take the request: refusals, so a request refused this
+    # way may be resent or go to a fallback. None by default: a route lists a status only where its vendor
+    # documents that the status means nothing was accepted (a gateway in front of it — nginx, Envoy, a cloud
+    # load balancer — answers 502/503/504 when its upstream timed out, after it may have accepted). Any
+    # other 5xx, a timeout or a reset leaves the send maybe-sent: it is looked up before anything is resent.
+    refused_statuses: tuple[int, ...] = ()
     # Fallbacks, in order: other routes of this table that may serve this executor while its breaker is open.
     fallbacks: tuple[str, ...] = ()
     # As a fallback: the request fields it names differently ({ours: theirs}), its regression set (a file,

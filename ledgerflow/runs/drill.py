@@ -57,10 +57,10 @@ SIM_CONFIG = {
     "executors": {"image.keyframe": {"latency_seconds": 0.6}},
 }
 DRILL_EXECUTORS = ("llm.text", "image.keyframe", "edit.assembly")
-# Every habit of real vendors at once, per executor (vendors/simulator/config.py): charge-then-drop, jobs
-# created after the client gave up, keys forgotten, outputs purged, results on a CDN, figures finer than the
-# ledger, 408s, 429s and slow answers. The routes say what the vendor promises (timeouts, acceptance window,
-# key retention).
+# Every habit of real vendors at once, per executor (vendors/simulator/config.py): charge-then-drop,
+# charge-then-503 (a gateway), jobs created after the client gave up, keys forgotten, outputs purged, results
+# on a CDN, figures finer than the ledger, 408s, 429s and slow answers. The routes say what the vendor
+# promises (timeouts, acceptance window, key retention; no refused_statuses: its 503s may follow a charge).
 REALISTIC_PROFILE = ROOT / "examples" / "simulator_realistic.json"
 REALISTIC_ROUTE: dict[str, Any] = {
     "timeouts": {"request": 1.0},

@@ -201,6 +201,9 @@ def _routes(primary: str, fallback: str) -> dict[str, Any]:
             "quality_pass_rate": 0.5,
         },
         "fallbacks": [fallback],
+        # The simulator's server_error habit answers 503 before accepting anything: this "vendor" documents
+        # its 503 as "down, not taken". A route lists a status only where its vendor says so.
+        "refused_statuses": [503],
         "timeouts": {"request": "2s"},
         "max_accept_seconds": 3.0,
     }

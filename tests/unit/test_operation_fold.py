@@ -26,8 +26,10 @@ def send(h: History, n: int, timeout_s: float = 2.0) -> History:
     return h.append(marker, dedup_key=submitting_key(OP, n), operation_key=OP)
 
 
-def refuse(h: History, n: int) -> History:
-    marker = SystemMarker(kind=MarkerKind.REFUSED, node="a", operation_key=OP, send=n, detail="429")
+def refuse(h: History, n: int, status: int | None = 429) -> History:
+    marker = SystemMarker(
+        kind=MarkerKind.REFUSED, node="a", operation_key=OP, send=n, detail="refused", status=status
+    )
     return h.append(marker, dedup_key=refused_key(OP, n), operation_key=OP)
 
 
@@ -114,3 +116,13 @@ def test_a_task_s_events_fold_into_each_operation_and_only_dispatches_are_vendor
     ops = fold_operations(h.events)
     assert list(ops) == [OP, "t1:b:gate0"]  # the TaskCreated event belongs to no operation
     assert ops[OP].dispatched and ops[OP].sends and not ops["t1:b:gate0"].dispatched
+
+
+def test_a_send_refused_with_a_5xx_or_no_known_status_is_still_looked_up_when_voided() -> None:
+    """A 5xx is a refusal only where the route declares it, and refusals recorded before statuses were kept
+    may have been 503s: the sweep looks such a voided operation up (its status is read, never its text)."""
+    h = refuse(refuse(refuse(send(send(send(dispatched(), 1), 2), 3), 1, 429), 2, 503), 3, None)
+    op = fold_of(void(h))
+    assert op.refused == {1, 2, 3} and op.refused_5xx == {2, 3} and not op.maybe_sent
+    only_429 = fold_of(void(refuse(send(dispatched(), 1), 1, 429)))
+    assert only_429.refused_5xx == frozenset()

@@ -6,7 +6,8 @@ Three wire protocols on one server, sharing one billing record:
 * ``predictions`` — Replicate-style predictions with no idempotency key, found again by listing;
 * ``openai`` — OpenAI-compatible chat completions and image generation (synchronous).
 
-It charges at acceptance, can charge and then drop the response, create a job only after the client gave
+It charges at acceptance, can charge and then drop the response (or answer 503/504 as a gateway does),
+create a job only after the client gave
 up, forget idempotency keys, purge outputs, serve results from a CDN on a second port, report odd cost
 figures, refuse a rotated key, answer 408 or slowly; and it delivers real files (PNG, H.264 MP4, WAV,
 Markdown) that carry their lineage. Every outcome is drawn from ``random.Random(f"{seed}:{key}:{attempt}")``,

@@ -8,6 +8,7 @@ vendor's key there. ``/charges``, ``/chat/stats`` and ``/admin/*`` are the test 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,12 +84,12 @@ def create_app(state: SimState) -> FastAPI:
         return {"charges": charges, "next": nxt}
 
     @api.post("/v1/predictions")
-    def create_prediction(body: PredictionRequest) -> JSONResponse:
-        return JSONResponse(predictions.create(body), status_code=201)
+    def create_prediction(body: PredictionRequest) -> Response:
+        return _raw_json(predictions.create(body), status_code=201)
 
     @api.get("/v1/predictions")
-    def list_predictions(cursor: str | None = Query(default=None)) -> dict[str, Any]:
-        return predictions.list(cursor)
+    def list_predictions(cursor: str | None = Query(default=None)) -> Response:
+        return _raw_json(predictions.list(cursor))
 
     @api.get("/v1/usage")
     def prediction_usage(
@@ -110,18 +111,18 @@ def create_app(state: SimState) -> FastAPI:
         return {"results": results, "next": nxt}
 
     @api.get("/v1/predictions/{prediction_id}")
-    def get_prediction(prediction_id: str) -> dict[str, Any]:
-        return predictions.get(prediction_id)
+    def get_prediction(prediction_id: str) -> Response:
+        return _raw_json(predictions.get(prediction_id))
 
     @api.post("/v1/predictions/{prediction_id}/cancel")
-    def cancel_prediction(prediction_id: str) -> dict[str, Any]:
-        return predictions.cancel(prediction_id)
+    def cancel_prediction(prediction_id: str) -> Response:
+        return _raw_json(predictions.cancel(prediction_id))
 
     @api.post("/v1/chat/completions")
     def chat_completion(
         body: ChatRequest, x_client_request_id: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        return chat(state, body, x_client_request_id)
+    ) -> Response:
+        return _raw_json(chat(state, body, x_client_request_id))
 
     @api.post("/v1/images/generations")
     def image_generation(
@@ -150,7 +151,12 @@ def create_app(state: SimState) -> FastAPI:
     @app.get("/admin/stats")
     def stats() -> dict[str, int]:
         with state.lock:
-            return {"conflicts": state.conflicts, "leaks": len(state.leaks), "dropped": state.dropped}
+            return {
+                "conflicts": state.conflicts,
+                "leaks": len(state.leaks),
+                "dropped": state.dropped,
+                "gateway_errors": state.gateway_errors,
+            }
 
     @app.get("/admin/jobs/{job_id}")
     def job_request(job_id: str) -> dict[str, Any]:
@@ -177,6 +183,11 @@ def create_app(state: SimState) -> FastAPI:
 
     app.include_router(api)
     return app
+
+
+def _raw_json(body: Any, status_code: int = 200) -> Response:
+    """A body as JSON where an odd figure may be a bare NaN or Infinity, as a sloppy vendor sends it."""
+    return Response(json.dumps(body, allow_nan=True), status_code=status_code, media_type="application/json")
 
 
 def _iso(at: float) -> str:

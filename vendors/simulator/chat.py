@@ -100,7 +100,8 @@ def chat(state: SimState, body: ChatRequest, request_id: str | None) -> dict[str
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-        },
+        }
+        | {k: _number(v) for k, v in (cfg.chat_usage_override or {}).items()},  # odd figures, raw numbers
     }
 
 
@@ -134,3 +135,8 @@ def images(state: SimState, body: dict[str, Any], request_id: str | None) -> dic
             state.charge(request_id, f"img-{digest}", "images", str(state.config.image_price * n), "images")
     _drop_if_drawn(draw)
     return {"created": int(time.time()), "data": data, "usage": {"images": n}}
+
+
+def _number(text: str) -> int | float:
+    """A figure as the raw JSON number a vendor would send: an integer if it is one, else a float (NaN …)."""
+    return int(text) if text.lstrip("-").isdigit() else float(text)

@@ -1,9 +1,10 @@
 """The simulator's configuration: per-executor profiles of latency, price and every way a vendor misbehaves.
 
 Each profile switch mirrors a habit of real paid vendors that costs money when the client handles it badly:
-charge-then-drop, jobs created after the client gave up, idempotency keys forgotten after a while, outputs
-purged, results served from another host, odd cost figures, rotated keys, 408s and slow answers. All rates
-are drawn per request from a seeded RNG (``Draw``), so a workload replays identically.
+charge-then-drop, charge-then-503 (a gateway), jobs created after the client gave up, idempotency keys
+forgotten after a while, outputs purged, results served from another host, odd cost figures, rotated keys,
+408s and slow answers. All rates are drawn per request from a seeded RNG (``Draw``), so a workload replays
+identically.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class ExecutorProfile(BaseModel):
     slow: Rate = Field(default=0.0, description="answer after slow_seconds (the job exists meanwhile)")
     slow_seconds: float = Field(default=0.0, ge=0)
     request_timeout: Rate = Field(default=0.0, description="answer a POST 408: nothing accepted")
+    gateway_error: Rate = Field(
+        default=0.0,
+        description="create (and charge) the job, then answer the POST gateway_error_status: a gateway whose "
+        "upstream timed out after it accepted (nginx, Envoy and cloud load balancers answer 502/503/504)",
+    )
+    gateway_error_status: int = Field(default=503, ge=500, le=599, description="what a gateway error answers")
     key_retention_seconds: float | None = Field(
         default=None,
         gt=0,
@@ -86,6 +93,12 @@ class ExecutorProfile(BaseModel):
     )
     cost_override: str | None = Field(
         default=None, max_length=40, description="report and bill exactly this figure ('-1', 'NaN', '1e12' …)"
+    )
+    predict_time_override: str | None = Field(
+        default=None,
+        max_length=40,
+        description="a prediction reports this metrics.predict_time ('-5', 'NaN', '1e400' → a raw JSON "
+        "number, Infinity for 1e400), billed as usual",
     )
 
 
@@ -125,6 +138,9 @@ class SimConfig(BaseModel):
     chat_latency_seconds: float = Field(default=0.0, ge=0)
     # What a chat or image call is billed (and so what a route's price must say for the ledger to match).
     chat_price_per_1k_tokens: Decimal = Field(default=Decimal("0.002"), ge=0)
+    # A chat answer reports these usage figures instead of the real ones ({"prompt_tokens": "-500"}, "NaN" …,
+    # sent as raw JSON numbers); it is billed for the real usage all the same.
+    chat_usage_override: dict[str, str] | None = None
     image_price: Decimal = Field(default=Decimal("0.04"), ge=0)
 
     def profile(self, executor: str) -> ExecutorProfile:
@@ -151,13 +167,15 @@ class Draw:
     false_claim: bool = False
     truncated: bool = False
     server_error_status: int = 500
+    gateway_error: bool = False
+    gateway_error_status: int = 503
 
     @classmethod
     def for_attempt(cls, seed: int, key: str, attempt: int, p: ExecutorProfile) -> Draw:
         rng = random.Random(f"{seed}:{key}:{attempt}")
         # Always draw every number in the same order, so changing one rate never shifts the others' outcomes.
         # Rates added later draw after the earlier ones, so every outcome seeded before them stays the same.
-        u = [rng.random() for _ in range(16)]
+        u = [rng.random() for _ in range(17)]
         failure: Literal["technical", "content_rejected"] | None = None
         if u[4] < p.fail_technical:
             failure = "technical"
@@ -180,4 +198,6 @@ class Draw:
             false_claim=u[14] < p.false_claim,
             truncated=u[15] < p.truncated,
             server_error_status=p.server_error_status,
+            gateway_error=u[16] < p.gateway_error,
+            gateway_error_status=p.gateway_error_status,
         )

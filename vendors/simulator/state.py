@@ -228,6 +228,7 @@ class SimState:
             self.leaks: list[dict[str, str]] = []  # requests that reached the CDN carrying a credential
             self.conflicts = 0  # 409s answered to a key whose first request was still in flight
             self.dropped = 0  # responses dropped after the job was created and charged (drop_response)
+            self.gateway_errors = 0  # 5xx answered after the job was created and charged (gateway_error)
             self.predictions: dict[str, Job] = {}  # the predictions protocol's jobs, in creation order
             self.predictions_asked = 0  # every POST /v1/predictions, refused or not (names anonymous ones)
             self.files: dict[str, Output] = {}  # images served by URL from the CDN
@@ -391,6 +392,13 @@ class SimState:
             with self.lock:
                 self.dropped += 1
             raise SimError(502, "bad_gateway", "upstream connection reset")
+        if draw.gateway_error:
+            # A gateway in front of the vendor gave up on its upstream after the job was created and charged:
+            # a 503/504 that says nothing about whether the request was taken.
+            with self.lock:
+                self.gateway_errors += 1
+            status = draw.gateway_error_status
+            raise SimError(status, "gateway_error", f"upstream timed out ({status})")
         return 201, view
 
     def job(self, job_id: str) -> Job:
