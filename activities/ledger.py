@@ -54,6 +54,15 @@ class LedgerActivities:
                 raise ApplicationError(
                     f"invalid plan: {problem}", type=ErrorType.PLAN_INVALID, non_retryable=True
                 ) from None
+            except Exception as e:  # serialising or reading it failed: RecursionError, ValueError, …
+                # Nothing is written yet and a retry reads the same plan: never retried (a ledger outage is
+                # raised by current_epoch above, or by the lease below, and stays retryable).
+                lines = str(e).strip().splitlines() or [""]
+                raise ApplicationError(
+                    f"invalid plan: cannot be read ({type(e).__name__}: {lines[0][:160]})",
+                    type=ErrorType.PLAN_INVALID,
+                    non_retryable=True,
+                ) from None
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id, limit=None if inp.limit is None else inp.limit + 1)

@@ -33,7 +33,7 @@ from rules.money import vendor_amount
 from rules.projection import fold
 from runtime.faults import mark
 from vendors.adapter import JobStatus, VendorAdapter, VendorJob, job_amount, price_bound
-from vendors.errors import UnsafeResultUrl, VendorError, VendorNotFound
+from vendors.errors import ResultTooLarge, ResultUnavailable, UnsafeResultUrl, VendorError, VendorNotFound
 
 MEDIA_FORMATS = frozenset({"png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "webm", "wav", "mp3", "m4a"})
 
@@ -158,7 +158,12 @@ class Outputs:
                     await adapter.download(job, staging.write)
             except VendorNotFound as e:
                 raise ResultProblem(FailureKind.TECHNICAL, f"the output of job {job.id} is gone ({e})") from e
-            except UnsafeResultUrl as e:
+            except ResultUnavailable as e:
+                # A CDN's 401/403 (an expired presigned URL), a redirect loop: this output fails, at its job's
+                # cost; the route is not paused (that is for the vendor's API refusing our key).
+                why = f"the output of job {job.id} cannot be downloaded ({e})"
+                raise ResultProblem(FailureKind.TECHNICAL, why) from e
+            except (UnsafeResultUrl, ResultTooLarge) as e:
                 raise ResultProblem(FailureKind.INVALID_OUTPUT, str(e)) from e
             if expected is not None and staging.sha256 != expected:
                 raise ResultProblem(

@@ -23,7 +23,7 @@ from typing import Any
 from rules.actions import Dispatch, Wait
 from rules.envelope import StoredEvent
 from rules.events import ArtifactRef, Intent, Outcome, TaskCreated, to_new
-from rules.plan import MAX_FAN_OUT, MAX_STAGES, Plan, validate_plan
+from rules.plan import MAX_FAN_OUT, MAX_NODES, MAX_STAGES, Plan, validate_plan
 from rules.projection import Projection, apply, new_projection
 from rules.table import advance, decide
 from vendors.routes import DEFAULT_ROUTES
@@ -169,7 +169,7 @@ def main(sizes: list[int], decisions: int) -> None:
                 verdict = "met" if mean <= target else "NOT MET"
                 print(f"target: a decision at {n} nodes <= {target:g} ms CPU: {mean:.3f} ms  {verdict}")
     t = time.process_time()
-    largest = chained_plan(MAX_STAGES * MAX_FAN_OUT + 2)
+    largest = chained_plan(MAX_NODES)
     built = time.process_time() - t
     first, made = first_activation(largest)
     nodes = sum(len(s.items()) or 1 for s in largest.all_stages())

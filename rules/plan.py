@@ -7,6 +7,7 @@ plan: ``compose`` (assembles the business outputs) and ``review`` (the two-phase
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from decimal import Decimal
@@ -33,6 +34,19 @@ _ID_RE: Final = re.compile(ID_PATTERN)
 _FORMAT_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,15}")
 MAX_FAN_OUT: Final = 500
 MAX_STAGES: Final = 200
+# What one task can carry (docs/design.md#long-tasks-continue-as-new). Checked by the validator only, never by
+# the model: a plan already recorded in a ledger (TaskCreated) still loads and folds whatever it holds.
+# Nodes, fan-outs expanded, framework stages included: a run folds its whole ledger in one activation, and at
+# 20,002 nodes that fold takes 1.1 s of CPU (3.0 s at 50,002: past the SDK's 2 s deadlock detector) and the
+# ledger is 27 MB of events (Temporal's history holds 50 MB). `make bench-10k` runs 10,002 nodes.
+MAX_NODES: Final = 20_000
+# A stage's input (and its compensation's) is copied into every request of its nodes and travels in the
+# workflow's input and the TaskCreated event: 32 levels is far more than any request needs and far below
+# the ~200 at which pydantic's JSON parser (the worker's decoder) and serialiser give up; 256 KiB per input,
+# and 1 MiB for all of them, keep the plan well inside Temporal's 2 MB payload limit.
+MAX_INPUT_DEPTH: Final = 32
+MAX_INPUT_BYTES: Final = 256 * 1024
+MAX_PLAN_INPUT_BYTES: Final = 1024 * 1024
 # What admission sets aside for inference not yet paid for (one LLM decision or review call), so a dispatch
 # can never consume the money the review of its own output will need.
 INFERENCE_RESERVE: Final = Decimal("0.05")
@@ -327,10 +341,13 @@ def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = 
     stages_raw = raw.get("stages")
     if isinstance(stages_raw, list) and len(stages_raw) > MAX_STAGES:
         raise PlanError(f"plan: at most {MAX_STAGES} stages, got {len(stages_raw)}")
+    if isinstance(stages_raw, list):
+        _check_input_sizes(stages_raw)  # before the model: it would accept any depth and size
     try:
         plan = Plan.model_validate(raw)
     except ValidationError as e:
         raise PlanError(_describe(e, raw)) from None
+    _check_nodes(plan)
     _check_graph(plan)
     _check_data(plan)
     _check_routes(plan, routes)
@@ -338,15 +355,108 @@ def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = 
     return plan
 
 
-def load_plan(text: str, routes: Routes, *, task_id: str | None = None) -> Plan:
-    """Parse a YAML (or JSON) plan and validate it."""
+class _AliasRefused(yaml.YAMLError):
+    def __init__(self, alias: str, line: int) -> None:
+        super().__init__(alias)
+        self.alias, self.line = alias, line
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """The safe loader without aliases: ``*name`` repeats a node without repeating its text, so a few KB of
+    YAML can expand to gigabytes (an alias bomb). A plan never needs one; anchors alone are harmless."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise _AliasRefused(str(event.anchor)[:40], event.start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, what: str = "plan") -> Any:
+    """A YAML (or JSON) document, without aliases; one-line :class:`PlanError` naming ``what`` if refused."""
     try:
-        raw = yaml.safe_load(text)
+        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader, without aliases
+    except _AliasRefused as e:
+        raise PlanError(f"{what}: YAML aliases (*{e.alias}) are not allowed, at line {e.line}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PlanError(f"plan: not valid YAML{where}") from None
-    return validate_plan(raw, routes, task_id=task_id)
+        raise PlanError(f"{what}: not valid YAML{where}") from None
+    except RecursionError:
+        raise PlanError(f"{what}: nested too deeply to read") from None
+
+
+def load_plan(text: str, routes: Routes, *, task_id: str | None = None) -> Plan:
+    """Parse a YAML (or JSON) plan and validate it."""
+    return validate_plan(load_yaml(text), routes, task_id=task_id)
+
+
+def _stage_name(stages: list[Any], index: int) -> str:
+    sid = stages[index].get("id") if isinstance(stages[index], dict) else None
+    return f"stage {sid!r}" if isinstance(sid, str) and _ID_RE.fullmatch(sid) else f"stage #{index + 1}"
+
+
+def _input_problem(value: Any, budget: int) -> tuple[str | None, int]:
+    """What is wrong with one input (too deep, too large) and its serialised size (approximate: JSON with the
+    default separators; counted no further than ``budget`` bytes). Iterative and bounded by the caps, so a
+    deep, huge or self-referencing value costs at most ``budget`` steps, never a recursion."""
+    size = 0
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > MAX_INPUT_DEPTH:
+                return f"is nested deeper than {MAX_INPUT_DEPTH} levels", size
+            size += 2 + 2 * len(item)  # brackets, separators
+            if size <= budget:
+                if isinstance(item, dict):
+                    size += sum(len(json.dumps(str(k))) for k in item)
+                    todo.extend((v, depth + 1) for v in item.values())
+                else:
+                    todo.extend((v, depth + 1) for v in item)
+        else:
+            size += len(json.dumps(item, default=str))
+        if size > budget:
+            return None, size
+    return None, size
+
+
+def _check_input_sizes(stages: list[Any]) -> None:
+    total = 0
+    for i, stage in enumerate(stages):
+        if not isinstance(stage, dict):
+            continue
+        undo = stage.get("compensation")
+        for field, value in (("input", stage.get("input")), ("compensation.input", _get(undo, "input"))):
+            if value is None:
+                continue
+            problem, size = _input_problem(value, MAX_INPUT_BYTES)
+            if problem is None and size > MAX_INPUT_BYTES:
+                problem = f"is larger than {MAX_INPUT_BYTES // 1024} KiB serialised"
+            if problem is not None:
+                raise PlanError(f"{_stage_name(stages, i)}: {field} {problem}")
+            total += size
+    if total > MAX_PLAN_INPUT_BYTES:
+        raise PlanError(
+            f"plan: the stages' inputs are larger than {MAX_PLAN_INPUT_BYTES // 1024 // 1024} MiB together"
+        )
+
+
+def _get(value: Any, key: str) -> Any:
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def node_count(plan: Plan) -> int:
+    """How many nodes the plan expands into (fan-outs expanded, compose and review included)."""
+    return sum(len(s.fan_out) if isinstance(s.fan_out, tuple) else s.fan_out or 1 for s in plan.stages) + 2
+
+
+def _check_nodes(plan: Plan) -> None:
+    nodes = node_count(plan)
+    if nodes > MAX_NODES:
+        raise PlanError(
+            f"plan: expands to {nodes:,} nodes (fan-outs included); at most {MAX_NODES:,} fit one task"
+        )
 
 
 def _describe(error: ValidationError, raw: dict[str, Any]) -> str:

@@ -98,7 +98,18 @@ class VendorCannotTell(VendorError):
 
 
 class UnsafeResultUrl(VendorError):
-    """A result URL that cannot be parsed or is not http(s): it is never fetched (nor sent a credential)."""
+    """A result URL that cannot be parsed, is not http(s), or resolves to a loopback, private, link-local or
+    metadata address its route does not allow-list: it is never fetched (nor sent a credential)."""
+
+
+class ResultUnavailable(VendorError):
+    """A result download refused or misdirected: a 401/403 from a CDN (an expired presigned URL), another 4xx,
+    a redirect loop. That output fails (at its job's cost); the route is never paused for it: a route pauses
+    only when the vendor's API refuses our credentials."""
+
+
+class ResultTooLarge(VendorError):
+    """A result larger than the route's ``max_result_bytes``: refused, never stored."""
 
 
 class VendorWaitTimeout(VendorError):

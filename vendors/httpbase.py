@@ -6,14 +6,25 @@
   timeout or a reset means the outcome is unknown.
 * Result URLs may be relative or absolute (a CDN on another host). They are resolved against the route's
   base URL as URLs, never by string concatenation (``base + "@other.host/x"`` would make ``other.host`` the
-  host and the base a user name), and the bearer key goes only to the route's own origin or a host on its
-  ``allow_hosts`` list. Everything else is downloaded without credentials.
+  host and the base a user name), and the bearer key goes only to the route's own origin or an origin on its
+  ``allow_hosts`` list (scheme, host and port all match: a bare host there means https on port 443).
+  Everything else is downloaded without credentials.
+* A result URL resolving to a loopback, private, link-local or metadata address is refused before anything
+  connects (``UnsafeResultUrl``), unless it is the route's own origin or on ``allow_hosts``/``allow_private``.
+* Redirects are followed by hand, at most ``MAX_REDIRECTS``, each hop checked like the first; the key goes
+  with a hop only while it stays on the route's own origin. A 401/403 (an expired presigned URL) or any other
+  refusal of a download is ``ResultUnavailable``: that output fails, the route is not paused.
+* One deadline (``timeouts.download``) covers a whole download, redirects included; a result is capped at the
+  route's ``max_result_bytes`` and an API answer at its ``max_json_bytes``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import ipaddress
 import re
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import parsedate_to_datetime
@@ -24,6 +35,8 @@ from pydantic import BaseModel
 
 from vendors.adapter import VendorJob
 from vendors.errors import (
+    ResultTooLarge,
+    ResultUnavailable,
     UnsafeResultUrl,
     VendorAuthError,
     VendorBadResponse,
@@ -37,9 +50,11 @@ from vendors.errors import (
     VendorRequestTimeout,
     VendorUnavailable,
 )
-from vendors.routes import RouteSpec
+from vendors.routes import Origin, RouteSpec, origin
 
 DEFAULT_RETRY_AFTER = 1.0
+MAX_REDIRECTS = 5
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -65,6 +80,9 @@ class HttpVendor:
         self._timeout = route.timeouts.request
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(timeout=self._timeout)
+        self._own = url_origin(self._base)
+        self._keyed = {origin(entry) for entry in route.allow_hosts}
+        self._private_ok = {self._own, *self._keyed, *(origin(entry) for entry in route.allow_private)}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={str(self._base)!r})"
@@ -92,15 +110,24 @@ class HttpVendor:
         """One request to the route's own origin (``path`` relative to the base URL), classified."""
         url = self._base.join(path.lstrip("/"))
         where = f"{method} {url.path}"
+        cap = self.route.max_json_bytes
         try:
-            response = await self._client.request(
+            sent = self._client.build_request(
                 method, url, headers={**self._auth, **(headers or {})}, timeout=self._timeout, **kwargs
             )
+            streamed = await self._client.send(sent, stream=True)
+            try:
+                body, whole = await read_capped(streamed, cap)
+            finally:
+                await streamed.aclose()
         except httpx.TimeoutException as e:
             raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s", timed_out=True) from e
         except httpx.TransportError as e:
             raise VendorUnavailable(f"{where}: {type(e).__name__}") from e
+        response = buffered(streamed, body)
         if response.is_success:
+            if not whole:  # an answer we cannot read whole may still have been accepted
+                raise VendorBadResponse(f"{where}: the answer is larger than max_json_bytes ({cap})")
             return response
         raise self.classify(where, response, cannot_tell_on_501=cannot_tell_on_501)
 
@@ -155,8 +182,30 @@ class HttpVendor:
             raise UnsafeResultUrl(f"result URL {scrub(raw[:80])!r} cannot be parsed") from e
         if url.scheme not in ("http", "https") or not url.host:
             raise UnsafeResultUrl(f"result URL {scrub(raw[:80])!r} is not an http(s) URL")
-        own = (url.scheme, url.host, url.port) == (self._base.scheme, self._base.host, self._base.port)
-        return url, own or url.host in self.route.allow_hosts
+        where = url_origin(url)
+        return url, where == self._own or where in self._keyed
+
+    async def check_address(self, url: httpx.URL) -> None:
+        """UnsafeResultUrl if ``url`` resolves to a loopback, private, link-local or metadata address and its
+        origin is not allow-listed; checked before any connection (an IP literal is never even resolved)."""
+        where = url_origin(url)
+        if where in self._private_ok:
+            return
+        host = url.host
+        try:
+            addresses = [ipaddress.ip_address(host)]
+        except ValueError:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, where[2], type=socket.SOCK_STREAM)
+            except OSError as e:
+                raise VendorUnavailable(f"result host {host} cannot be resolved ({type(e).__name__})") from e
+            addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+        for address in addresses:
+            if not public(address):
+                raise UnsafeResultUrl(
+                    f"result URL on {where[0]}://{host}:{where[2]} resolves to {address}, a loopback, "
+                    "private, link-local or metadata address the route does not allow-list"
+                )
 
     async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
         """Stream a succeeded job's output into ``sink`` (VendorNotFound if the job names none)."""
@@ -165,29 +214,90 @@ class HttpVendor:
         await self.stream(job.result.url, sink)
 
     async def stream(self, raw_url: str, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
-        """Stream ``raw_url`` into ``sink``; the credential only where ``resolve`` allows it."""
+        """Stream ``raw_url`` into ``sink``; the credential only where ``resolve`` allows it, redirects
+        followed by hand (each hop checked), one deadline for the whole transfer, at most max_result_bytes."""
         url, credentials = self.resolve(raw_url)
+        deadline, cap = self.route.timeouts.download, self.route.max_result_bytes
         where = f"GET {url.host}{url.path}"
-        started = time.monotonic()
         try:
-            async with self._client.stream(
-                "GET", url, headers=self._auth if credentials else None, timeout=self._timeout
-            ) as response:
-                if not response.is_success:
-                    await response.aread()
-                    raise self.classify(where, response)
-                async for chunk in response.aiter_bytes(1 << 20):
-                    written = sink(chunk)
-                    if inspect.isawaitable(written):
-                        await written
-                    if time.monotonic() - started > self.route.timeouts.download:
-                        raise VendorUnavailable(
-                            f"{where}: download exceeded {self.route.timeouts.download:g}s"
-                        )
+            async with asyncio.timeout(deadline):
+                for hop in range(MAX_REDIRECTS + 1):
+                    where = f"GET {url.host}{url.path}"
+                    await self.check_address(url)
+                    async with self._client.stream(
+                        "GET", url, headers=self._auth if credentials else None, timeout=self._timeout
+                    ) as response:
+                        if response.status_code in REDIRECT_STATUSES:
+                            location = response.headers.get("Location")
+                            if hop == MAX_REDIRECTS or not location:
+                                why = f"more than {MAX_REDIRECTS} redirects" if location else "no Location"
+                                status = response.status_code
+                                raise ResultUnavailable(f"{where} -> {status}: {why}", status_code=status)
+                            url, keyed = self.resolve(str(url.join(location)))
+                            # The key goes on only while every hop stays on the vendor's own origin.
+                            credentials = credentials and keyed and url_origin(url) == self._own
+                            continue
+                        if not response.is_success:
+                            body, _ = await read_capped(response, self.route.max_json_bytes)
+                            raise self.download_error(where, buffered(response, body))
+                        declared = response.headers.get("Content-Length", "")
+                        if declared.isdigit() and int(declared) > cap:
+                            raise ResultTooLarge(f"{where}: {declared} bytes, above max_result_bytes ({cap})")
+                        size = 0
+                        async for chunk in response.aiter_bytes(1 << 20):
+                            size += len(chunk)
+                            if size > cap:
+                                raise ResultTooLarge(f"{where}: more than max_result_bytes ({cap}) bytes")
+                            written = sink(chunk)
+                            if inspect.isawaitable(written):
+                                await written
+                        return
+        except TimeoutError as e:
+            raise VendorUnavailable(f"{where}: download exceeded {deadline:g}s", timed_out=True) from e
         except httpx.TimeoutException as e:
             raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s", timed_out=True) from e
         except httpx.TransportError as e:
             raise VendorUnavailable(f"{where}: {type(e).__name__}") from e
+
+    def download_error(self, where: str, response: httpx.Response) -> VendorError:
+        """A download's error answer: 404/410 the output is gone, 408/429/5xx try again later, and any other
+        refusal (401/403 from a CDN: an expired presigned URL) fails that output, never the route."""
+        error = self.classify(where, response)
+        if isinstance(error, VendorAuthError | VendorRejected | VendorConflict):
+            return ResultUnavailable(str(error), status_code=error.status_code)
+        return error
+
+
+def url_origin(url: httpx.URL) -> Origin:
+    """A URL's origin: scheme, host (lower case) and port (the scheme's default when it names none)."""
+    return url.scheme, url.host.lower(), url.port or (443 if url.scheme == "https" else 80)
+
+
+def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether an address is on the public internet (not loopback, private, link-local — the metadata address
+    169.254.169.254 — multicast, reserved or unspecified; an IPv4-mapped IPv6 address as its IPv4)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+async def read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes of a streamed body, and whether that is all of it."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return b"".join(chunks)[:cap], False
+    return b"".join(chunks), True
+
+
+def buffered(response: httpx.Response, body: bytes) -> httpx.Response:
+    """A streamed response as a plain one holding ``body`` (already decoded)."""
+    skip = {b"content-encoding", b"content-length", b"transfer-encoding"}
+    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in skip]
+    return httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
 
 
 _QUERY = re.compile(r"(\w+://[^\s?#\"'<>]*)\?[^\s\"'<>]*")

@@ -13,7 +13,10 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
         price: {per_second: 0.30}     # used where the vendor reports no cost
         concurrency: 8                # jobs in flight at once, across every task and worker
         timeouts: {request: 10s}
-        allow_hosts: [cdn.example.com]  # hosts besides base_url's whose result URLs may be downloaded
+        allow_hosts: [cdn.example.com]  # origins besides base_url's that receive the key (https://host:443)
+        allow_private: []             # origins on private/loopback addresses result URLs may name (no key)
+        max_result_bytes: 2GiB        # a result larger than this is refused (invalid_output, at its cost)
+        max_json_bytes: 16MiB         # an API answer larger than this is unreadable
     reviewers: [compliance.rules, content.llm]
 
 Everything is validated at load with one line naming the route and field (``RouteError``); ``json_schema()``
@@ -27,16 +30,26 @@ Nothing here is ever put in a workflow argument, result, heartbeat or error.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final
+from urllib.parse import urlsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rules.money import Amount
-from rules.plan import Routes, Seconds
+from rules.plan import PlanError, Routes, Seconds, load_yaml
 from rules.routing import BreakerPolicy, Candidate
 from runtime.settings import ConfigError, Settings
 
@@ -63,6 +76,57 @@ DEFAULT_REVIEWERS: Final = frozenset(
     {"compliance.rules", "content.llm", "qc.visual", "pedagogy.llm", "safety.rules"}
 )
 DEFAULT_CREDENTIAL_ENV: Final = "LEDGERFLOW_VENDOR_API_KEY"
+
+
+# The embedded simulator serves its results from a CDN on its API's port + this (vendors/simulator): in dev
+# mode the routes on LEDGERFLOW_VENDOR_URL allow-list that origin, and no other loopback one.
+CDN_PORT_OFFSET: Final = 1
+DEFAULT_MAX_RESULT_BYTES: Final = 2 << 30
+DEFAULT_MAX_JSON_BYTES: Final = 16 << 20
+Origin = tuple[str, str, int]  # scheme, host (lower case), port
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_UNITS: Final = {
+    **{"": 1, "b": 1, "kb": 1000, "mb": 10**6, "gb": 10**9},
+    **{"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30},
+}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: Any) -> Any:
+    """A byte count: an integer, or a string such as ``16MiB``, ``2GiB``, ``500kB``."""
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"must be a byte count such as 16MiB or 2GiB, got {value[:40]!r}")
+        return int(m.group(1)) * _UNITS[m.group(2).lower()]
+    return value
+
+
+Bytes = Annotated[int, BeforeValidator(parse_bytes), Field(ge=1, le=1 << 40)]
+
+
+def origin(entry: str) -> Origin:
+    """An ``allow_hosts`` / ``allow_private`` entry as an origin: ``https://host[:port]``, ``http://host:port``,
+    or a bare host name (https on its default port). ValueError for anything else (a path, a user name …)."""
+    raw = entry.strip()
+    if "://" not in raw:
+        raw = f"https://{raw}"
+    try:
+        parts = urlsplit(raw)
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"{entry[:80]!r} is not a host or an origin ({e})") from None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"{entry[:80]!r} is not an http(s) origin")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username is not None:
+        raise ValueError(f"{entry[:80]!r} must be an origin only (scheme, host, port): no path or user")
+    return parts.scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[parts.scheme]
+
+
+def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
+    for value in values:
+        origin(value)
+    return values
 
 
 class RouteError(ValueError):
@@ -150,7 +214,15 @@ class RouteSpec(_Strict):
     concurrency: int | None = Field(default=None, ge=1, le=10000)
     priority_aging: Seconds = 60.0
     timeouts: Timeouts = Timeouts()
+    # Origins besides base_url's that receive the key with a result download (a CDN that wants it): a bare
+    # host is https on port 443; ``http://host:port`` only in dev mode (deployment_table refuses it outside).
     allow_hosts: tuple[str, ...] = ()
+    # Origins on loopback, private or link-local addresses that result URLs may name (downloaded without the
+    # key). Any other result URL resolving there (a cloud's metadata address, the object store, /metrics) is
+    # refused before anything connects. The route's own origin and its allow_hosts need no entry here.
+    allow_private: tuple[str, ...] = ()
+    max_result_bytes: Bytes = DEFAULT_MAX_RESULT_BYTES  # a larger result is refused (invalid_output)
+    max_json_bytes: Bytes = DEFAULT_MAX_JSON_BYTES  # a larger API answer is unreadable (VendorBadResponse)
     model: str | None = Field(default=None, max_length=200)  # a predictions version or an OpenAI model
     breaker: Breaker = Breaker()
     # 5xx answers this vendor gives only when it did NOT take the request: refusals, so a request refused this
@@ -166,6 +238,11 @@ class RouteSpec(_Strict):
     convert: dict[str, str] = Field(default_factory=dict)
     regression: str | None = None
     qualification_max_age: Seconds = 7 * 86400.0
+
+    @field_validator("allow_hosts", "allow_private")
+    @classmethod
+    def _origin_list(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _origins(value)
 
     @field_validator("base_url")
     @classmethod
@@ -256,12 +333,9 @@ def load_table(path: Path | None, *, mode: VendorMode = VendorMode.IDEMPOTENT) -
     except OSError as e:
         raise RouteError(f"route file {path}: {e.strerror or e}") from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise RouteError(
-            f"route file {path}: not valid YAML" + (f" at line {mark.line + 1}" if mark else "")
-        ) from None
+        raw = load_yaml(text, f"route file {path}")  # no aliases: a few bytes must not expand to gigabytes
+    except PlanError as e:
+        raise RouteError(str(e)) from None
     return parse_table(raw, where=f"route file {path}")
 
 
@@ -269,9 +343,38 @@ def deployment_table(settings: Settings) -> RouteTable:
     """This deployment's routes (``LEDGERFLOW_ROUTES_FILE``, or the built-in table in the configured vendor
     mode). ConfigError (one line) if the route file is unusable."""
     try:
-        return load_table(settings.routes_file, mode=VendorMode(settings.vendor_mode))
+        table = load_table(settings.routes_file, mode=VendorMode(settings.vendor_mode))
     except RouteError as e:
         raise ConfigError(str(e)) from None
+    if settings.dev:
+        return with_simulator_cdn(table, settings.vendor_url_or_none())
+    for name, spec in table.routes.items():  # outside dev mode the key never travels in clear text
+        for entry in spec.allow_hosts:
+            if origin(entry)[0] != "https":
+                raise ConfigError(f"route {name!r}: allow_hosts {entry!r} is not https (only in dev mode)")
+    return table
+
+
+def with_simulator_cdn(table: RouteTable, vendor_url: str | None) -> RouteTable:
+    """Dev mode: the routes on a loopback LEDGERFLOW_VENDOR_URL (the embedded simulator) allow-list its CDN
+    (the simulator's port + ``CDN_PORT_OFFSET``), and only that: every other loopback port stays refused."""
+    if not vendor_url:
+        return table
+    parts = urlsplit(vendor_url)
+    try:
+        loopback = ipaddress.ip_address(parts.hostname or "").is_loopback
+    except ValueError:
+        loopback = parts.hostname == "localhost"
+    if not loopback or parts.port is None:
+        return table
+    cdn = f"{parts.scheme}://{parts.hostname}:{parts.port + CDN_PORT_OFFSET}"
+    routes = {
+        name: spec.model_copy(update={"allow_private": (*spec.allow_private, cdn)})
+        if spec.base_url is None and spec.adapter != AdapterKind.LOCAL and cdn not in spec.allow_private
+        else spec
+        for name, spec in table.routes.items()
+    }
+    return table.model_copy(update={"routes": routes})
 
 
 def json_schema() -> dict[str, Any]:

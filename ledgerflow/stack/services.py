@@ -196,6 +196,25 @@ def start_review(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[
     return proc
 
 
+def write_stack(state: Path, stack: dict[str, Any]) -> Path:
+    """Write ``state/stack.json`` readable by its owner only (it holds the review tokens): a new file created
+    0600 whatever the umask, then renamed over the old one, so no reader ever sees it half written or with a
+    wider mode."""
+    path = state / "stack.json"
+    tmp = state / f".stack.json.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # a file left by an earlier crash keeps its mode through O_CREAT
+            f.write(json.dumps(stack, indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
 def read_stack(settings: Settings) -> dict[str, Any]:
     path = settings.state_dir / "stack.json"
     return dict(json.loads(path.read_text())) if path.exists() else {}
@@ -300,7 +319,7 @@ def up(
         review_url = f"http://127.0.0.1:{port}"
     stack["review_url"] = review_url
     # Written before the health checks: a worker that fails one is in stack.json all the same, for `down`.
-    (state / "stack.json").write_text(json.dumps(stack, indent=2))
+    write_stack(state, stack)
     for name in started:  # they start in parallel; each is checked in turn
         wait_healthy(name, health[name], pids[name], logs / f"{name}.log")
         log(f"{name:<9} pid {pids[name]}, healthy: {health[name]}")

@@ -32,7 +32,7 @@ from ledger.recorder import Recorder
 from rules.events import MarkerKind
 from rules.plan import validate_plan
 from vendors.registry import Adapters
-from vendors.routes import AdapterKind, Price, RouteSpec, RouteTable, VendorMode
+from vendors.routes import AdapterKind, Price, RouteSpec, RouteTable, VendorMode, with_simulator_cdn
 from vendors.simulator import Draw, ExecutorProfile
 from vendors.simulator.config import DEFAULT_CHAT
 from vendors.simulator.predictions import PRICE_PER_SECOND
@@ -143,7 +143,8 @@ class AdapterContract:
         if state_mode:
             raw_route["mode"] = self.MODE
         spec = RouteSpec.model_validate(raw_route)
-        table = RouteTable(routes={executor: spec})
+        # As a dev deployment's routes do (deployment_table): the simulator's CDN is allow-listed.
+        table = with_simulator_cdn(RouteTable(routes={executor: spec}), env.simulator_url)
         store = LocalStore(env.tmp_path / "artifacts")
         client = httpx.AsyncClient()
         env.stack.push_async_callback(client.aclose)

@@ -7,10 +7,10 @@ Three wire protocols on one server, sharing one billing record:
 * ``openai`` — OpenAI-compatible chat completions and image generation (synchronous).
 
 It charges at acceptance, can charge and then drop the response (or answer 503/504 as a gateway does),
-create a job only after the client gave
-up, forget idempotency keys, purge outputs, serve results from a CDN on a second port, report odd cost
-figures, refuse a rotated key, answer 408 or slowly; and it delivers real files (PNG, H.264 MP4, WAV,
-Markdown) that carry their lineage. Every outcome is drawn from ``random.Random(f"{seed}:{key}:{attempt}")``,
+create a job only after the client gave up, forget idempotency keys, purge outputs, serve results from a CDN
+on a second port (the API's + 1), refuse, redirect or drip result downloads, report odd cost figures, refuse a
+rotated key, answer 408 or slowly; and it delivers real files (PNG, H.264 MP4, WAV, Markdown) that carry
+their lineage. Every outcome is drawn from ``random.Random(f"{seed}:{key}:{attempt}")``,
 so the same workload gives the same outcomes whatever the interleaving, and again after ``POST /admin/reset``.
 
 Run it with ``python -m vendors.simulator --port 8700 [--config sim.json] [--seed 7]``, or in-process with
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import uvicorn
 
+from vendors.routes import CDN_PORT_OFFSET
 from vendors.simulator.app import create_app, create_cdn_app
 from vendors.simulator.config import ChatRule, Draw, ExecutorProfile, SimConfig
 from vendors.simulator.state import JobRequest, SimError, SimState
@@ -56,13 +57,32 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _bind_pair(host: str, port: int, cdn_port: int | None) -> tuple[socket.socket, socket.socket]:
+    """The API's socket and the CDN's: by default the CDN listens on the API's port + 1 (``CDN_PORT_OFFSET``),
+    so a dev deployment can allow-list it knowing only the vendor URL (vendors.routes.deployment_table)."""
+    for _ in range(50):
+        api = _bind(host, port)
+        if cdn_port is not None:
+            return api, _bind(host, cdn_port)
+        try:
+            return api, _bind(host, api.getsockname()[1] + CDN_PORT_OFFSET)
+        except OSError:
+            if port != 0:  # a port asked for: serve anyway (a dev worker will refuse this CDN's results)
+                print(f"simulator: port {port + CDN_PORT_OFFSET} is taken; the CDN takes any free port")
+                return api, _bind(host, 0)
+            api.close()
+    raise OSError(f"no free pair of ports for the simulator and its CDN on {host}")
+
+
 class _Servers:
     """The vendor API and its CDN: two uvicorn servers over one state, on two bound sockets."""
 
-    def __init__(self, config: SimConfig | None, host: str, port: int, cdn_port: int, log_level: str) -> None:
+    def __init__(
+        self, config: SimConfig | None, host: str, port: int, cdn_port: int | None, log_level: str
+    ) -> None:
         self.state = SimState(config or SimConfig())
         self.app = create_app(self.state)
-        self._api_socket, self._cdn_socket = _bind(host, port), _bind(host, cdn_port)
+        self._api_socket, self._cdn_socket = _bind_pair(host, port, cdn_port)
         self.url = f"http://{host}:{self._api_socket.getsockname()[1]}"
         self.cdn_url = f"http://{host}:{self._cdn_socket.getsockname()[1]}"
         self.state.cdn_base = self.cdn_url
@@ -88,7 +108,7 @@ class BackgroundSimulator:
     """
 
     def __init__(self, config: SimConfig | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._servers = _Servers(config, host, port, 0, "warning")
+        self._servers = _Servers(config, host, port, None, "warning")
         self.app = self._servers.app
         self.url = self._servers.url
         self.cdn_url = self._servers.cdn_url
@@ -122,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve the ledgerflow vendor simulator.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8700)
-    parser.add_argument("--cdn-port", type=int, default=0, help="the CDN's port (0: any free port)")
+    parser.add_argument(
+        "--cdn-port", type=int, default=None, help="the CDN's port (default: the API's + 1; 0: any free port)"
+    )
     parser.add_argument("--config", type=Path, help="a SimConfig JSON file")
     parser.add_argument("--seed", type=int, help="overrides the config's seed")
     args = parser.parse_args(argv)

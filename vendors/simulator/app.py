@@ -8,17 +8,22 @@ vendor's key there. ``/charges``, ``/chat/stats`` and ``/admin/*`` are the test 
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vendors.simulator.chat import ChatRequest, chat, images
 from vendors.simulator.config import SimConfig
+from vendors.simulator.outputs import Output
 from vendors.simulator.predictions import PredictionRequest, PredictionsApi
 from vendors.simulator.state import JobRequest, SimError, SimState
+
+DRIP_BYTES = 16  # what a dripping download sends at a time
 
 
 def create_app(state: SimState) -> FastAPI:
@@ -53,8 +58,7 @@ def create_app(state: SimState) -> FastAPI:
 
     @api.get("/jobs/{job_id}/result")
     def result(job_id: str) -> Response:
-        out = state.result(job_id)
-        return Response(out.data, media_type=out.content_type)
+        return deliver(state, job_id, lambda: state.result(job_id), redirect=True)
 
     @api.post("/jobs/{job_id}/cancel")
     def cancel(job_id: str) -> dict[str, Any]:
@@ -210,8 +214,7 @@ def create_cdn_app(state: SimState) -> FastAPI:
 
     @app.get("/files/{job_id}")
     def file(job_id: str, authorization: str | None = Header(default=None)) -> Response:
-        out = state.cdn_file(job_id, authorization)
-        return Response(out.data, media_type=out.content_type)
+        return deliver(state, job_id, lambda: state.cdn_file(job_id, authorization), redirect=False)
 
     @app.get("/predictions/{prediction_id}/{name}")
     def prediction_file(
@@ -221,3 +224,26 @@ def create_cdn_app(state: SimState) -> FastAPI:
         return Response(out.data, media_type=out.content_type)
 
     return app
+
+
+def deliver(state: SimState, job_id: str, output: Callable[[], Output], *, redirect: bool) -> Response:
+    """A job's result as its profile's download habits serve it: refused (``download_status``), redirected
+    (``result_redirect``, by the API only), dripped (``drip_seconds``) or plainly."""
+    habits = state.download_habits(job_id)
+    if habits is not None and habits.download_status is not None:
+        status = habits.download_status
+        raise SimError(status, "download_refused", f"the result of job {job_id} is refused ({status})")
+    if redirect and habits is not None and habits.result_redirect is not None:
+        cdn = (state.cdn_base or "").removeprefix("http://")
+        location = habits.result_redirect.format(cdn=cdn, job=job_id)
+        return Response(status_code=302, headers={"Location": location})
+    out = output()
+    if habits is not None and habits.drip_seconds > 0:
+        return StreamingResponse(_drip(out.data, habits.drip_seconds), media_type=out.content_type)
+    return Response(out.data, media_type=out.content_type)
+
+
+async def _drip(data: bytes, every: float) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), DRIP_BYTES):
+        yield data[i : i + DRIP_BYTES]
+        await asyncio.sleep(every)

@@ -85,6 +85,21 @@ class ExecutorProfile(BaseModel):
     result_url_template: str | None = Field(
         default=None, description="a raw result URL, e.g. '@{cdn}/files/{job}' ({cdn}: host:port of the CDN)"
     )
+    # ── result downloads that misbehave (issue 24 §5) ─────────────────────────────────────────────────
+    result_redirect: str | None = Field(
+        default=None,
+        description="the result download answers 302 to this Location ({cdn}: host:port of the CDN, {job}; "
+        "a Location naming the result itself is a redirect loop)",
+    )
+    download_status: int | None = Field(
+        default=None,
+        ge=400,
+        le=599,
+        description="every result download (API and CDN) answers this status (403: an expired presigned URL)",
+    )
+    drip_seconds: float = Field(
+        default=0.0, ge=0, description="serve a result a few bytes at a time, waiting this long between them"
+    )
     cost_decimals: int | None = Field(
         default=None,
         ge=5,

@@ -449,6 +449,12 @@ class SimState:
             return Output(out.data[:-1] + bytes([out.data[-1] ^ 1]), out.media, out.content_type)
         return out
 
+    def download_habits(self, job_id: str) -> ExecutorProfile | None:
+        """The profile of the job whose result is being downloaded (None: no such job, or an image file)."""
+        with self.lock:
+            job = self.jobs.get(job_id)
+            return job.profile if job is not None else None
+
     def cdn_file(self, file_id: str, authorization: str | None) -> Output:
         """A file on the CDN: a job's result, or an image; a request carrying a credential is a leak."""
         with self.lock:
