@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Annotated, Any, Final
 from urllib.parse import urlsplit
 
+import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -49,7 +50,7 @@ from pydantic import (
 )
 
 from rules.money import Amount
-from rules.plan import PlanError, Routes, Seconds, load_yaml
+from rules.plan import Routes, Seconds
 from rules.routing import BreakerPolicy, Candidate
 from runtime.settings import ConfigError, Settings
 
@@ -332,10 +333,15 @@ def load_table(path: Path | None, *, mode: VendorMode = VendorMode.IDEMPOTENT) -
         text = path.read_text()
     except OSError as e:
         raise RouteError(f"route file {path}: {e.strerror or e}") from None
+    # An operator's file, not a plan author's: anchors and aliases are allowed here (tools that write route
+    # files, yaml.safe_dump among them, emit them for repeated values).
     try:
-        raw = load_yaml(text, f"route file {path}")  # no aliases: a few bytes must not expand to gigabytes
-    except PlanError as e:
-        raise RouteError(str(e)) from None
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise RouteError(
+            f"route file {path}: not valid YAML" + (f" at line {mark.line + 1}" if mark else "")
+        ) from None
     return parse_table(raw, where=f"route file {path}")
 
 

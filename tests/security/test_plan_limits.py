@@ -156,13 +156,3 @@ def test_all_stage_inputs_together_are_capped_at_1_mib() -> None:
         validate_plan({"goal": "big", "budget_ceiling": "10", "stages": stages}, DEFAULT_ROUTES)
     assert str(e.value) == "plan: the stages' inputs are larger than 1 MiB together"
     validate_plan({"goal": "big", "budget_ceiling": "10", "stages": stages[:4]}, DEFAULT_ROUTES)
-
-
-def test_a_route_file_alias_bomb_is_refused_with_one_line(tmp_path) -> None:
-    """The route file is read with the plan's loader: a few bytes of aliases never expand."""
-    from vendors.routes import RouteError, load_table
-
-    bomb = tmp_path / "routes.yaml"
-    bomb.write_text('a: &a ["x", "x"]\nb: &b [*a, *a]\nc: [*b, *b]\n')
-    with pytest.raises(RouteError, match=r"route file .*routes\.yaml: YAML aliases \(\*a\) are not allowed"):
-        load_table(bomb)
