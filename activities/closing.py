@@ -25,15 +25,14 @@ from activities.outputs import Outputs, cancel
 from artifacts.store import ArtifactStore
 from ledger.errors import StaleEpoch
 from ledger.recorder import Recorder
-from reconcile.operations import Next, reconcile, stop_step
+from reconcile.operations import Next, OperationState, reconcile, stop_step
 from rules.envelope import StoredEvent
 from rules.events import FailureKind
-from rules.operation import OperationRecord, fold_operation, fold_operations
+from rules.operation import OperationRecord, fold_operations
 from vendors.adapter import Capabilities, JobStatus, VendorAdapter, job_amount
 from vendors.errors import VendorAuthError, VendorCannotTell, VendorError
 from vendors.registry import Adapters
 from vendors.routes import RouteSpec
-from vendors.traced import traced
 
 # operation.close asks an unreachable vendor this many times before counting the operation at its estimate.
 CLOSE_VENDOR_ATTEMPTS = 6  # with CLOSE_RETRY's backoff: about half a minute of trying
@@ -85,11 +84,17 @@ class ClosingActivities:
         charge that may have happened.
         """
         op = self._operation(inp, None)
-        # The route its INTENT chose (a fallback's operation is closed at the fallback).
-        route = await asyncio.to_thread(self._route_of, inp.operation_key) or inp.executor
+        route = inp.executor
         try:
             try:
-                return await self._stop(op, inp.as_stage(route), None, gave_up=inp.gave_up)
+                state = await op.open(fenced=False)
+                if state.result is not None:
+                    return state.result
+                # The route its INTENT chose (a fallback's operation is closed at the fallback), if this
+                # worker's table has it (else: not routed, or the workflow wrote the INTENT).
+                if state.route is not None and state.route in self.adapters.table.routes:
+                    route = state.route
+                return await self._stop(op, inp.as_stage(route), None, gave_up=inp.gave_up, state=state)
             except (NotYetProvable, StaleEpoch):
                 raise
             except Exception as e:
@@ -104,12 +109,6 @@ class ClosingActivities:
         except Exception as e:
             cross(e)
 
-    def _route_of(self, operation_key: str) -> str | None:
-        """The route an operation's INTENT recorded, if this worker's table has it (None: not routed, or the
-        workflow wrote the INTENT)."""
-        route = fold_operation(self.recorder.events_by_operation_key(operation_key)).route
-        return route if route in self.adapters.table.routes else None
-
     async def _stop(
         self,
         op: Operation,
@@ -117,20 +116,23 @@ class ClosingActivities:
         heartbeat_job: str | None,
         *,
         gave_up: str | None = None,
+        state: OperationState | None = None,
     ) -> StoredEvent:
         """End an open operation now, never submitting: cancel its job and record what it cost.
 
         ``stage``: the node's request and bounds, so a job that succeeded meanwhile is checked and registered
         like any other output. ``gave_up``: why its executor ended without a result (the task goes on): an
         operation that never reached the vendor is then a technical Failure (counted against the node's
-        retries, so a bug cannot loop through voids), not a void.
+        retries, so a bug cannot loop through voids), not a void. ``state``: the operation as already opened
+        (unfenced), if it was.
         """
         executor = stage.executor
-        state = await op.open(fenced=False)
+        if state is None:
+            state = await op.open(fenced=False)
         if state.result is not None:
             return state.result
         try:
-            adapter: VendorAdapter | None = traced(self.adapters.get(executor))
+            adapter: VendorAdapter | None = self.adapters.get(executor)
         except Exception:
             adapter = None  # framework work (compose, review, gate): no route
         if adapter is None:
@@ -183,7 +185,7 @@ class ClosingActivities:
         if not record.voided or not record.dispatched or executor is None:
             return 0
         try:
-            adapter = traced(self.adapters.get(executor))
+            adapter = self.adapters.get(executor)
         except Exception:
             return 0
         # A send refused with a 5xx (a route's ``refused_statuses``, or a record from before they were opt-in)

@@ -41,7 +41,8 @@ class Activity(StrEnum):
     PEOPLE_RECORD_BATCH = "people.record_batch"
     PEOPLE_ARRIVALS = "people.arrivals"
     # Removed: no worker registers it. Scheduled only when replaying a history recorded before
-    # ``fair-decisions-v1`` (workflows/compat.py), which replay answers from the history itself.
+    # ``fair-decisions-v1`` (the compatibility section of workflows/task.py), which replay answers from the
+    # history itself.
     PEOPLE_RECORD = "people.record"
 
 

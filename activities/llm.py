@@ -49,11 +49,12 @@ class ChatReply:
     # not price the call, and ``cost`` is the bound from the call's bytes (a token is at least one byte).
     anomaly: str | None = None
     unusable: bool = False
+    raw: str = ""  # the vendor's figure as given (the priced usage's, or the one that could not price it)
 
     def amount(self) -> VendorAmount:
         """The call's cost as the operation's settle path takes it (``Operation.settle_cost``): the priced
         usage, or unusable (the operation counts its estimate, flagged with the raw figure)."""
-        return VendorAmount(None if self.unusable else self.cost, self.anomaly, self.anomaly or "")
+        return VendorAmount(None if self.unusable else self.cost, self.anomaly, self.raw)
 
 
 class LlmRefused(ApplicationError):
@@ -154,8 +155,10 @@ class ChatClient:
             size = len(json.dumps(body).encode()) + len(r.content)
             bound = priced_amount(Decimal(size) * self._price / 1000).amount
             cost = bound if bound is not None else MAX_AMOUNT
-            return ChatReply(content, 0, 0, cost, prompt_hash, model, amount.anomaly, unusable=True)
-        return ChatReply(content, tokens_in, tokens_out, amount.amount, prompt_hash, model, amount.anomaly)
+            return ChatReply(content, 0, 0, cost, prompt_hash, model, amount.anomaly, True, amount.raw)
+        return ChatReply(
+            content, tokens_in, tokens_out, amount.amount, prompt_hash, model, amount.anomaly, raw=amount.raw
+        )
 
 
 def usage_amount(usage: Any, price_per_1k: Decimal) -> tuple[int, int, VendorAmount]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from decimal import Decimal
@@ -98,8 +97,8 @@ class Operation:
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
         self.breaker: RouteHealth | None = None  # the route's shared row, as ``open`` read it
-        # Set when this attempt's own job was billed far above the route's own declared price (the first such
-        # of its task in the breaker window): the route's breaker counts the call as a failed one.
+        # Set when this attempt's own job was billed far above the route's own declared price: the route's
+        # breaker counts the call as a failed one (once per task and breaker window: ``RouteStore.observe``).
         self.billing_off = False
         bind(task_id, node, key, epoch, route)
 
@@ -301,32 +300,29 @@ class Operation:
         self,
         amount: VendorAmount,
         *,
-        own_job: bool = False,
         price_bound: Decimal | None = None,
-        window_s: float = 60.0,
     ) -> Decimal:
         """The cost to record for a vendor's figure: the figure made money, or the estimate if unusable.
 
         Whatever is odd about the figure becomes a cost anomaly holding the raw value (and the estimate); so
         does a cost above the reserved estimate. Never zero for a charge that happened, never an exception.
-        ``own_job``: the figure is this attempt's finished job's; one far above ``price_bound`` (what the
-        route's own declared price says the job costs) marks the route's billing as off — judged against the
-        vendor's price, never against a plan's estimate, and at most once per task and route per breaker
-        window (``window_s``), so one plan cannot open a breaker every project shares.
+        ``price_bound``: what the route's own declared price says this attempt's finished job costs; a figure
+        far above it marks the route's billing as off — judged against the vendor's price, never against a
+        plan's estimate (the route's breaker counts it once per task and window, so one plan cannot open a
+        breaker every project shares).
         """
-        if amount.amount is None:
-            raw = f" (raw {amount.raw!r})" if amount.raw and amount.raw not in (amount.anomaly or "") else ""
-            await self.anomaly(f"{amount.anomaly}{raw}: counted at the estimate {self.estimate}", "figure")
+        if amount.amount is None:  # every producer of an unusable figure names its raw value in the anomaly
+            await self.anomaly(f"{amount.anomaly}: counted at the estimate {self.estimate}", "figure")
             return self.estimate
         if amount.anomaly:
             await self.anomaly(amount.anomaly, "figure")
         if amount.amount > self.estimate:
             why = f"actual {amount.amount} above the reserved estimate {self.estimate}"
             await self.anomaly(why, "above_estimate")
-        if own_job and price_bound is not None and amount.amount > BILLING_OFF_FACTOR * price_bound:
+        if price_bound is not None and amount.amount > BILLING_OFF_FACTOR * price_bound:
             why = f"actual {amount.amount} above {BILLING_OFF_FACTOR}x the route's own price {price_bound}"
             await self.anomaly(why, "above_price")
-            self.billing_off = _first_billing_off(self.task_id, self.route or "", window_s)
+            self.billing_off = True
         return amount.amount
 
     async def failure(
@@ -403,22 +399,6 @@ async def heartbeating() -> AsyncIterator[Heartbeat]:
 # above a plan's estimate is the plan's problem (a cost anomaly, never a breaker's); sub-cent figures rounded
 # up, and figures a vendor does not report (counted at the estimate), stay mere cost anomalies.
 BILLING_OFF_FACTOR: Final = 2
-
-# When each (task, route) last counted a billing anomaly against its route's breaker (this worker's memory:
-# monotonic seconds). One task's overcharged fan-out is one observation per breaker window, not one per node.
-_BILLING_OFF_AT: dict[tuple[str, str], float] = {}
-
-
-def _first_billing_off(task_id: str, route: str, window_s: float) -> bool:
-    """Whether this task's billing anomaly on ``route`` is the first in the breaker window (and note it)."""
-    now = time.monotonic()
-    for k in [k for k, at in _BILLING_OFF_AT.items() if now - at > max(window_s, 3600.0)]:
-        del _BILLING_OFF_AT[k]  # forgotten once no window can still count them
-    last = _BILLING_OFF_AT.get((task_id, route))
-    if last is not None and now - last < window_s:
-        return False
-    _BILLING_OFF_AT[(task_id, route)] = now
-    return True
 
 
 async def recorded(

@@ -82,8 +82,7 @@ class Outputs:
         except ResultProblem as e:
             return await op.failure(e.kind, str(e), await op.settle_cost(amount), job_id=job.id)
         # The vendor's billing is judged by the route's own price, not by a plan's estimate.
-        bound, window_s = price_bound(adapter.route, job), adapter.route.breaker.window
-        cost = await op.settle_cost(amount, own_job=True, price_bound=bound, window_s=window_s)
+        cost = await op.settle_cost(amount, price_bound=price_bound(adapter.route, job))
         # The node check: an artifact outside its stage's output bounds is never registered as the node's
         # version; it is paid for, and the rules retry with the problem in the request.
         if problems := output_problems(inp.output, artifact.media):

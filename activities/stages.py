@@ -47,7 +47,6 @@ from vendors.errors import (
 )
 from vendors.registry import Adapters
 from vendors.routes import AdapterKind
-from vendors.traced import traced
 
 
 class _Attempt:
@@ -122,7 +121,7 @@ class StageActivities(ClosingActivities):
         op = self._operation(inp, inp.executor)
         attempt = _Attempt()
         try:
-            adapter = traced(self.adapters.get(inp.executor))  # a span per vendor call
+            adapter = self.adapters.get(inp.executor)  # a span per vendor call (vendors.traced)
             state = await op.open()
             if state.result is not None:
                 return state.result  # a retry after the result was written: nothing left to do

@@ -15,7 +15,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, Text, any_, bindparam, delete, func, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Text,
+    and_,
+    any_,
+    bindparam,
+    case,
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -117,11 +130,37 @@ ROUTED_EXTRAS: Final = (_WRITTEN_ALREADY, _BREAKERS_OF, func.clock_timestamp())
 BREAKER_ROW: Final = (
     select(func.row_to_json(_rb.table_valued())).where(_rb.c.route == bindparam("b_route")).scalar_subquery()
 )
-# An observation, and in the same statement the route's row and the clock (most need nothing more).
+_seen = route_observations.alias("seen")
+# Whether the observed key's task (the key's part before its first ':') already has an ``anomaly`` on the
+# route within the breaker's call window: one task's overbilled fan-out counts as one failed call per window.
+_TASK_ANOMALY_COUNTED: Final = (
+    select(1)
+    .where(
+        _seen.c.route == bindparam("b_route"),
+        _seen.c.kind == Observation.ANOMALY.value,
+        func.split_part(_seen.c.operation_key, ":", 1) == func.split_part(bindparam("b_key"), ":", 1),
+        _seen.c.recorded_at > func.clock_timestamp() - bindparam("b_window"),
+    )
+    .exists()
+)
+_ROUTE_TASK_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext(:k))")
+# An observation, and in the same statement the route's row, the clock and the kind recorded (most need
+# nothing more). A task's repeated anomaly is recorded as ``ok``, in the insert itself (its task's lock,
+# taken just before, orders two of them: no race remains).
 _OBSERVE: Final = (
     route_observations.insert()
-    .values(route=bindparam("b_route"), kind=bindparam("b_kind"), operation_key=bindparam("b_key"))
-    .returning(BREAKER_ROW, func.clock_timestamp(), route_observations.c.id)
+    .values(
+        route=bindparam("b_route"),
+        kind=case(
+            (
+                and_(bindparam("b_kind") == Observation.ANOMALY.value, _TASK_ANOMALY_COUNTED),
+                Observation.OK.value,
+            ),
+            else_=bindparam("b_kind"),
+        ),
+        operation_key=bindparam("b_key"),
+    )
+    .returning(BREAKER_ROW, func.clock_timestamp(), route_observations.c.id, route_observations.c.kind)
 )
 # Observations older than any window of the route are never read again: every PRUNE_EVERY-th insert deletes
 # the route's rows older than twice its widest window (at least RETAIN_OBSERVATIONS), by the route's index.
@@ -358,9 +397,14 @@ class RouteStore:
         that calls for it (a failure rate reached, a probe's or canary's result); returns the change logged
         (``opened``, ``closed``, ``canary_passed`` …) or None. Most observations are one statement."""
         with translated(), self._engine.begin() as conn:
-            row, now, seq = conn.execute(
-                _OBSERVE, {"b_route": route, "b_kind": what.value, "b_key": key}
+            window_s = timedelta(seconds=policy.window_s)
+            if what == Observation.ANOMALY and key is not None:
+                # One task's anomalies on a route are taken one at a time: the insert sees any before it.
+                conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-anomaly:{route}:{key.split(':', 1)[0]}"})
+            row, now, seq, kind = conn.execute(
+                _OBSERVE, {"b_route": route, "b_kind": what.value, "b_key": key, "b_window": window_s}
             ).one()
+            what = Observation(kind)  # a task's anomaly already counted in the window is recorded as ok
             if seq % PRUNE_EVERY == 0:
                 keep = max(RETAIN_OBSERVATIONS, 2 * timedelta(seconds=policy.widest_s))
                 conn.execute(_PRUNE_OBSERVATIONS, {"b_route": route, "b_before": now - keep})

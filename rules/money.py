@@ -26,7 +26,7 @@ from pydantic import BeforeValidator
 MONEY_SCALE: Final = 6  # micro-units: the ledger's numeric(20, 6)
 QUANTUM: Final = Decimal(1).scaleb(-MONEY_SCALE)
 MAX_AMOUNT: Final = Decimal("1000000000")  # one billion per amount: anything larger is a typo or an attack
-MAX_USAGE: Final = Decimal(10) ** 12  # tokens or seconds of one call: anything larger is not a real figure
+MAX_USAGE: Final = Decimal("1E+12")  # tokens or seconds of one call: anything larger is not a real figure
 
 
 def _decimal(value: Any) -> Decimal:
@@ -80,14 +80,9 @@ def vendor_amount(raw: Any, *, what: str = "cost") -> VendorAmount:
     anomaly says what was odd, with the raw value.
     """
     shown = str(raw)[:60]
-    try:
-        amount = _decimal(raw)
-    except ValueError as e:
-        return VendorAmount(None, f"vendor {what} {shown!r} is unusable ({e})", shown)
-    if amount < 0:
-        return VendorAmount(None, f"vendor {what} {shown} is negative", shown)
-    if amount > MAX_AMOUNT:
-        return VendorAmount(None, f"vendor {what} {shown} is above {MAX_AMOUNT}", shown)
+    amount = _checked(raw, what, MAX_AMOUNT)
+    if isinstance(amount, str):
+        return VendorAmount(None, amount, shown)
     rounded = amount.quantize(QUANTUM, rounding=ROUND_CEILING)
     if rounded != amount:
         return VendorAmount(
@@ -103,6 +98,22 @@ def usage_problem(raw: Any, *, what: str) -> str | None:
     absurd. A bad one makes the priced cost unusable (the caller counts the estimate, flagged), never a
     smaller charge or an exception after the work was paid for.
     """
+    figure = _checked(raw, what, MAX_USAGE)
+    return figure if isinstance(figure, str) else None
+
+
+def priced_amount(priced: Decimal, *, what: str = "priced cost") -> VendorAmount:
+    """A cost *we* computed from a route's price and valid usage: rounded up to the scale without a flag
+    (the fraction is ours, not the vendor's oddity); unusable if negative or above ``MAX_AMOUNT``."""
+    shown = str(priced)[:60]
+    amount = _checked(priced, what, MAX_AMOUNT)
+    if isinstance(amount, str):
+        return VendorAmount(None, f"{what} {shown} is unusable", shown)
+    return VendorAmount(amount.quantize(QUANTUM, rounding=ROUND_CEILING), None, shown)
+
+
+def _checked(raw: Any, what: str, limit: Decimal) -> Decimal | str:
+    """``raw`` as a Decimal from 0 to ``limit``, or why it is not one (naming ``what`` and the raw value)."""
     shown = str(raw)[:60]
     try:
         figure = _decimal(raw)
@@ -110,14 +121,6 @@ def usage_problem(raw: Any, *, what: str) -> str | None:
         return f"vendor {what} {shown!r} is unusable ({e})"
     if figure < 0:
         return f"vendor {what} {shown} is negative"
-    if figure > MAX_USAGE:
-        return f"vendor {what} {shown} is above {MAX_USAGE:.0E}"
-    return None
-
-
-def priced_amount(priced: Decimal, *, what: str = "priced cost") -> VendorAmount:
-    """A cost *we* computed from a route's price and valid usage: rounded up to the scale without a flag
-    (the fraction is ours, not the vendor's oddity); unusable if negative or above ``MAX_AMOUNT``."""
-    if not priced.is_finite() or priced < 0 or priced > MAX_AMOUNT:
-        return VendorAmount(None, f"{what} {str(priced)[:60]} is unusable", str(priced)[:60])
-    return VendorAmount(priced.quantize(QUANTUM, rounding=ROUND_CEILING), None, str(priced)[:60])
+    if figure > limit:
+        return f"vendor {what} {shown} is above {limit}"  # 1000000000, or 1E+12 (as MAX_USAGE is written)
+    return figure

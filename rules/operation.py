@@ -14,7 +14,7 @@ and no clock (the times are the events' ``recorded_at``, the database's).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -62,6 +62,9 @@ class OperationRecord:
     refused_5xx: frozenset[int]
     late_charges: tuple[LateCharge, ...]
     anomalies: tuple[str, ...]  # every cost anomaly's detail
+    # Its INTENT event (None: none among the events), whose fields are folded above. Keyword-only with a
+    # default, so a subclass's fields may follow it and a record built by hand needs none; not compared.
+    intent: StoredEvent | None = field(default=None, kw_only=True, compare=False, repr=False)
 
     @property
     def dispatched(self) -> bool:
@@ -167,6 +170,7 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
         refused_5xx=frozenset(refused_5xx),
         late_charges=tuple(late),
         anomalies=tuple(anomalies),
+        intent=intent,
     )
 
 

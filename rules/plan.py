@@ -447,8 +447,9 @@ def _get(value: Any, key: str) -> Any:
 
 
 def node_count(plan: Plan) -> int:
-    """How many nodes the plan expands into (fan-outs expanded, compose and review included)."""
-    return sum(len(s.fan_out) if isinstance(s.fan_out, tuple) else s.fan_out or 1 for s in plan.stages) + 2
+    """How many nodes the plan expands into (fan-outs expanded, compose and review included): one per fan-out
+    item, else one per stage, as the graph is built."""
+    return sum(len(s.items()) or 1 for s in plan.all_stages())
 
 
 def _check_nodes(plan: Plan) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,18 @@ def markers(lf: Any, task_id: str, kind: MarkerKind) -> list[SystemMarker]:
     return out
 
 
-async def cli(lf: Any, tmp_path: Path, *args: str) -> tuple[int, str, str]:
+async def cli(
+    lf: Any, tmp_path: Path, *args: str, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
     """``ledgerflow ARGS`` as a subprocess against the test's servers: (exit code, stdout, stderr). A
-    traceback on either stream fails the test (a user error is one line)."""
+    traceback on either stream fails the test (a user error is one line). ``env`` is merged over the base
+    environment (e.g. a test's vendor and route file)."""
     env = {
         **os.environ,
         "LEDGERFLOW_TEMPORAL_ADDRESS": str(lf.settings.temporal_address),
         "LEDGERFLOW_DATABASE_URL": str(lf.settings.database_url),
         "LEDGERFLOW_STATE_DIR": str(tmp_path),
+        **(env or {}),
     }
     proc = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).parent / "ledgerflow"),

@@ -217,10 +217,7 @@ def job_amount(route: RouteSpec, job: VendorJob) -> VendorAmount:
         return vendor_amount(job.cost)
     if (bad := usage_problems(job)) is not None:
         return VendorAmount(None, f"{bad[0]}: the job cannot be priced from it", bad[1])
-    price = route.price
-    needs_seconds = price.per_second > 0 and job.seconds is None
-    priced = price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
-    if priced <= 0 or needs_seconds:
+    if (priced := _declared_cost(route, job)) is None:
         return VendorAmount(None, "the vendor reports no cost and the route's price gives none for this job")
     return priced_amount(priced)
 
@@ -243,11 +240,17 @@ def price_bound(route: RouteSpec, job: VendorJob) -> Decimal | None:
     None: the route declares no price, or its price needs a usage figure (seconds) the job does not report
     validly. This — not a plan's estimate — is what a charge is held against to judge the vendor's billing.
     """
+    return None if usage_problems(job) is not None else _declared_cost(route, job)
+
+
+def _declared_cost(route: RouteSpec, job: VendorJob) -> Decimal | None:
+    """The route's declared price for what ``job`` used (its usage figures already checked), or None where
+    it gives none: no price, or a price per second for a job that reports no seconds."""
     price = route.price
-    if usage_problems(job) is not None or (price.per_second > 0 and job.seconds is None):
+    if price.per_second > 0 and job.seconds is None:
         return None
-    bound = price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
-    return bound if bound > 0 else None
+    cost = price.cost(seconds=job.seconds or 0.0, tokens_in=job.tokens_in, tokens_out=job.tokens_out)
+    return cost if cost > 0 else None
 
 
 def mode_of(route: RouteSpec, caps: Capabilities) -> VendorMode:

@@ -50,7 +50,7 @@ from vendors.errors import (
     VendorRequestTimeout,
     VendorUnavailable,
 )
-from vendors.routes import Origin, RouteSpec, origin
+from vendors.routes import Origin, RouteSpec, default_port, origin
 
 DEFAULT_RETRY_AFTER = 1.0
 MAX_REDIRECTS = 5
@@ -174,8 +174,9 @@ class HttpVendor:
             raise VendorBadResponse(f"malformed answer from the vendor: {type(e).__name__}") from e
 
     # ── downloads ─────────────────────────────────────────────────────────────────────────────────────
-    def resolve(self, raw: str) -> tuple[httpx.URL, bool]:
-        """The absolute URL of a result, and whether it may carry the credential (else UnsafeResultUrl)."""
+    def resolve(self, raw: str) -> tuple[httpx.URL, Origin, bool]:
+        """The absolute URL of a result, its origin, and whether it may carry the credential (else
+        UnsafeResultUrl)."""
         try:
             url = self._base.join(raw)
         except (httpx.InvalidURL, ValueError, TypeError) as e:
@@ -183,7 +184,7 @@ class HttpVendor:
         if url.scheme not in ("http", "https") or not url.host:
             raise UnsafeResultUrl(f"result URL {scrub(raw[:80])!r} is not an http(s) URL")
         where = url_origin(url)
-        return url, where == self._own or where in self._keyed
+        return url, where, where == self._own or where in self._keyed
 
     async def check_address(self, url: httpx.URL) -> None:
         """UnsafeResultUrl if ``url`` resolves to a loopback, private, link-local or metadata address and its
@@ -216,7 +217,7 @@ class HttpVendor:
     async def stream(self, raw_url: str, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
         """Stream ``raw_url`` into ``sink``; the credential only where ``resolve`` allows it, redirects
         followed by hand (each hop checked), one deadline for the whole transfer, at most max_result_bytes."""
-        url, credentials = self.resolve(raw_url)
+        url, _, credentials = self.resolve(raw_url)
         deadline, cap = self.route.timeouts.download, self.route.max_result_bytes
         where = f"GET {url.host}{url.path}"
         try:
@@ -233,9 +234,9 @@ class HttpVendor:
                                 why = f"more than {MAX_REDIRECTS} redirects" if location else "no Location"
                                 status = response.status_code
                                 raise ResultUnavailable(f"{where} -> {status}: {why}", status_code=status)
-                            url, keyed = self.resolve(str(url.join(location)))
+                            url, hop_origin, keyed = self.resolve(str(url.join(location)))
                             # The key goes on only while every hop stays on the vendor's own origin.
-                            credentials = credentials and keyed and url_origin(url) == self._own
+                            credentials = credentials and keyed and hop_origin == self._own
                             continue
                         if not response.is_success:
                             body, _ = await read_capped(response, self.route.max_json_bytes)
@@ -270,7 +271,7 @@ class HttpVendor:
 
 def url_origin(url: httpx.URL) -> Origin:
     """A URL's origin: scheme, host (lower case) and port (the scheme's default when it names none)."""
-    return url.scheme, url.host.lower(), url.port or (443 if url.scheme == "https" else 80)
+    return url.scheme, url.host.lower(), url.port or default_port(url.scheme)
 
 
 def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:

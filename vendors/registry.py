@@ -17,10 +17,12 @@ from vendors.local import LocalAdapter
 from vendors.openai import OpenAIAdapter
 from vendors.predictions import PredictionsAdapter
 from vendors.routes import AdapterKind, RouteError, RouteTable
+from vendors.traced import TracedAdapter
 
 
 class Adapters:
-    """The adapter of every route in ``table`` (built lazily, one per route, shared by every activity).
+    """The adapter of every route in ``table`` (built lazily, one per route, shared by every activity, each
+    call a span).
 
     Args:
         table: The route table.
@@ -47,9 +49,11 @@ class Adapters:
         self._built: dict[str, VendorAdapter] = {}
 
     def get(self, executor: str) -> VendorAdapter:
+        """The route's adapter, built on first use, with a ``vendor.*`` span around each call
+        (``vendors.traced``); the adapter itself is the wrapper's ``inner``."""
         adapter = self._built.get(executor)
         if adapter is None:
-            adapter = self._built[executor] = self._build(executor)
+            adapter = self._built[executor] = TracedAdapter(self._build(executor))
         return adapter
 
     def _build(self, executor: str) -> VendorAdapter:

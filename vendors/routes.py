@@ -106,6 +106,11 @@ def parse_bytes(value: Any) -> Any:
 Bytes = Annotated[int, BeforeValidator(parse_bytes), Field(ge=1, le=1 << 40)]
 
 
+def default_port(scheme: str) -> int:
+    """The port a URL means when it names none: https's 443, else http's 80."""
+    return _DEFAULT_PORTS["https" if scheme == "https" else "http"]
+
+
 def origin(entry: str) -> Origin:
     """An ``allow_hosts`` / ``allow_private`` entry as an origin: ``https://host[:port]``, ``http://host:port``,
     or a bare host name (https on its default port). ValueError for anything else (a path, a user name …)."""
@@ -121,7 +126,7 @@ def origin(entry: str) -> Origin:
         raise ValueError(f"{entry[:80]!r} is not an http(s) origin")
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username is not None:
         raise ValueError(f"{entry[:80]!r} must be an origin only (scheme, host, port): no path or user")
-    return parts.scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[parts.scheme]
+    return parts.scheme, parts.hostname.lower(), port or default_port(parts.scheme)
 
 
 def _origins(values: tuple[str, ...]) -> tuple[str, ...]:

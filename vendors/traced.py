@@ -2,7 +2,7 @@
 
 Each span carries the operation's attributes (task, node, key, epoch, route: ``runtime.telemetry.span``) and
 what the call saw (the job id and status); never a request, a URL or a key. Cheap when tracing is off:
-OpenTelemetry's no-op spans.
+OpenTelemetry's no-op spans. Every adapter ``vendors.registry.Adapters`` hands out is one.
 """
 
 from __future__ import annotations
@@ -91,8 +91,3 @@ class TracedAdapter:
     def __getattr__(self, name: str) -> Any:
         # Whatever an adapter offers beyond the protocol (e.g. a billing listing) reaches it, untraced.
         return getattr(self.inner, name)
-
-
-def traced(adapter: VendorAdapter) -> VendorAdapter:
-    """``adapter`` with a span around each call (cheap when tracing is off: OpenTelemetry's no-op spans)."""
-    return adapter if isinstance(adapter, TracedAdapter) else TracedAdapter(adapter)

@@ -40,7 +40,8 @@ from rules.recompute import Divergence, Recomputation, audit_decisions
 from runtime.settings import ConfigError, Settings
 from vendors.adapter import ChargeListing, VendorAdapter, VendorCharge
 from vendors.errors import VendorError
-from vendors.routes import AdapterKind, RouteError, deployment_table
+from vendors.routes import AdapterKind, RouteError, RouteTable, deployment_table
+from vendors.traced import TracedAdapter
 
 # Charges are listed from a little before the oldest audited task was created: the vendor's clock is not the
 # database's.
@@ -259,16 +260,21 @@ def match_charges(
             continue
         billing.operations += 1
         charges = charged.get(op.key, [])
-        amounts = [vendor_amount(c.amount).amount for c in charges]
-        if any(a is None for a in amounts):
-            vendor = " + ".join(c.amount for c in charges)
-        else:
-            vendor = str(sum((a for a in amounts if a is not None), Decimal(0)))
+        total = vendor_total(charges)
+        vendor = " + ".join(c.amount for c in charges) if total is None else str(total)
         if not charges and op.recorded == 0:
             continue
-        if any(a is None for a in amounts) or Decimal(vendor) != op.recorded:
+        if total is None or total != op.recorded:
             billing.differs.append(CostDiff(op.key, op.recorded, vendor, len(charges), bool(op.anomalies)))
     return billing
+
+
+def vendor_total(charges: Iterable[VendorCharge]) -> Decimal | None:
+    """What the charges add up to, as money (None: one of their amounts is not money)."""
+    amounts = [vendor_amount(c.amount).amount for c in charges]
+    if any(a is None for a in amounts):
+        return None
+    return sum((a for a in amounts if a is not None), Decimal(0))
 
 
 def served_by(op: OperationRecord) -> str | None:
@@ -322,16 +328,12 @@ async def audit_billing(
     listed: list[Listed] = []
     listable: dict[str, str] = {}  # route -> the account that listed its charges (Listed.account)
     async with httpx.AsyncClient(timeout=30.0) as http:
-        adapters = _adapters(settings, http)
+        adapters = _adapters(settings, table, http)
         for label, names in accounts.values():
-            try:
-                adapter = adapters(names[0])
-                if not adapter.capabilities.can_list_charges or not isinstance(adapter, ChargeListing):
-                    raise _NotListable(f"the {adapter.route.adapter.value} API lists no charges per call")
-                charges = await adapter.charges(since)
-            except (_NotListable, VendorError, ConfigError, RouteError) as e:  # RouteError: no base URL
+            charges = await list_charges(adapters, names[0], since)
+            if isinstance(charges, str):
                 for name in names:
-                    unlisted[name] = f"route {name} ({e})"
+                    unlisted[name] = f"route {name} ({charges})"
                 continue
             account_label = f"{label} ({', '.join(names)})"
             listed.extend(Listed(account_label, c) for c in charges)
@@ -350,18 +352,36 @@ async def audit_billing(
     return billing
 
 
-class _NotListable(Exception):
-    pass
+class NotListable(str):
+    """Why a route's charges cannot be listed: its vendor's API lists none per call (``list_charges``)."""
 
 
-def _adapters(settings: Settings, http: httpx.AsyncClient) -> Callable[[str], VendorAdapter]:
+async def list_charges(
+    adapters: Callable[[str], VendorAdapter], route: str, since: datetime
+) -> list[VendorCharge] | str:
+    """Every charge the billing account of ``route`` (not a local one) lists since ``since``, or why they
+    cannot be listed: a :class:`NotListable` where its vendor's API lists none, else the error."""
+    try:
+        adapter = adapters(route)
+        # The listing is the adapter's own (``vendors.traced`` spans only the calls of an operation).
+        listing = adapter.inner if isinstance(adapter, TracedAdapter) else adapter
+        if not adapter.capabilities.can_list_charges or not isinstance(listing, ChargeListing):
+            return NotListable(f"the {adapter.route.adapter.value} API lists no charges per call")
+        return await listing.charges(since)
+    except (VendorError, ConfigError, RouteError) as e:  # RouteError: no base URL
+        return str(e)
+
+
+def _adapters(
+    settings: Settings, table: RouteTable, http: httpx.AsyncClient
+) -> Callable[[str], VendorAdapter]:
     from vendors.registry import Adapters  # builds every adapter kind (the local one imports media)
 
     def no_store(uri: str) -> Any:
         raise ConfigError("the audit reads no artifacts")
 
     built = Adapters(
-        deployment_table(settings),
+        table,
         vendor_url=settings.vendor_url_or_none(),
         credential=settings.credential,
         client=http,

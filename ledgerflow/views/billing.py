@@ -10,19 +10,15 @@ the serving route's billing listing where that route can list charges.
 from __future__ import annotations
 
 import asyncio
-from decimal import Decimal
 from typing import Any
 
 import httpx
 
 from ledger.recorder import Recorder
-from ledgerflow.views.audit import CLOCK_SLACK, _adapters, served_by
+from ledgerflow.views.audit import CLOCK_SLACK, NotListable, _adapters, list_charges, served_by, vendor_total
 from rules.envelope import StoredEvent
-from rules.money import vendor_amount
 from rules.operation import OperationRecord, fold_operation
-from runtime.settings import ConfigError, Settings
-from vendors.adapter import ChargeListing
-from vendors.errors import VendorError
+from runtime.settings import Settings
 from vendors.routes import AdapterKind, RouteError, deployment_table
 
 
@@ -37,17 +33,15 @@ async def dispute(settings: Settings, recorder: Recorder, operation_key: str) ->
         UnknownOperation: no event of the ledger carries that key.
     """
     events = await asyncio.to_thread(recorder.events_by_operation_key, operation_key)
-    events = [e for e in events if e.operation_key == operation_key]
     if not events:
         raise UnknownOperation(f"no operation {operation_key} in the ledger")
     op = fold_operation(events)
-    intent = next((e for e in events if e.type == "Intent"), None)
     return {
         "operation_key": op.key,
         "task": events[0].task_id,
         "node": op.node,
         "kind": op.kind,
-        "intent": _intent(op, intent),
+        "intent": _intent(op),
         "sends": [
             {"n": s.n, "at": s.at.isoformat(), "timeout_s": s.timeout_s, "refused": s.n in op.refused}
             for s in op.sends
@@ -59,7 +53,8 @@ async def dispute(settings: Settings, recorder: Recorder, operation_key: str) ->
     }
 
 
-def _intent(op: OperationRecord, intent: StoredEvent | None) -> dict[str, Any] | None:
+def _intent(op: OperationRecord) -> dict[str, Any] | None:
+    intent = op.intent
     if intent is None:
         return None
     action = intent.payload.get("action") or {}
@@ -118,8 +113,9 @@ async def _vendor_charges(settings: Settings, op: OperationRecord, first: Stored
     if route is None:
         found["cannot_list"] = "framework work (no vendor bills it)"
         return found
+    table = deployment_table(settings)
     try:
-        spec = deployment_table(settings).route(route)
+        spec = table.route(route)
     except RouteError:
         found["cannot_list"] = f"no route {route} in this deployment's table"
         return found
@@ -127,22 +123,19 @@ async def _vendor_charges(settings: Settings, op: OperationRecord, first: Stored
         found["cannot_list"] = "work the worker does itself: no vendor, no bill"
         return found
     jobs = set(op.job_ids)
-    try:
-        async with httpx.AsyncClient(timeout=30.0) as http:
-            adapter = _adapters(settings, http)(route)
-            if not adapter.capabilities.can_list_charges or not isinstance(adapter, ChargeListing):
-                found["cannot_list"] = (
-                    f"the {spec.adapter.value} API lists no charges per call: reconcile against the "
-                    f"vendor's invoice by the OperationKey {op.key}"
-                )
-                return found
-            charges = await adapter.charges(first.recorded_at - CLOCK_SLACK)
-    except (VendorError, ConfigError, RouteError) as e:
-        found["cannot_list"] = str(e)
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        charges = await list_charges(_adapters(settings, table, http), route, first.recorded_at - CLOCK_SLACK)
+    if isinstance(charges, NotListable):
+        found["cannot_list"] = (
+            f"{charges}: reconcile against the vendor's invoice by the OperationKey {op.key}"
+        )
+        return found
+    if isinstance(charges, str):
+        found["cannot_list"] = charges
         return found
     lines = [c for c in charges if c.operation_key == op.key or c.job_id in jobs]
-    amounts = [vendor_amount(c.amount).amount for c in lines]
+    total = vendor_total(lines)
     found["lines"] = [c.model_dump(mode="json") for c in lines]
-    if all(a is not None for a in amounts):
-        found["total"] = str(sum((a for a in amounts if a is not None), Decimal(0)))
+    if total is not None:
+        found["total"] = str(total)
     return found

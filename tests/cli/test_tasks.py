@@ -49,7 +49,6 @@ async def _cli(env: dict[str, str], cwd: Path, *args: str) -> tuple[int, str, st
         *CLI, *args, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
 
@@ -74,6 +73,8 @@ async def test_tasks_lists_a_projects_tasks_with_state_spent_and_who_waits_on_a_
         if len(seen) == 2 and any(seen.values()):
             break
         await asyncio.sleep(0.2)
+    else:
+        raise AssertionError(f"visibility never showed both tasks, one waiting on a person, in 30s: {seen}")
     env = _env(lf, tmp_path)
     code, out, err = await _cli(env, tmp_path, "tasks", "--project", project, "--json")
     assert code == 0, err
@@ -87,7 +88,11 @@ async def test_tasks_lists_a_projects_tasks_with_state_spent_and_who_waits_on_a_
     assert code == 0 and [r["task_id"] for r in json.loads(out)] == [waiting.task_id], (out, err)
     code, out, err = await _cli(env, tmp_path, "tasks", "--project", project)
     assert code == 0 and done.task_id in out and "WaitingHuman" in out and "yes" in out, (out, err)
-    assert (await _cli(env, tmp_path, "tasks", "--project", "no/such"))[0] == 2  # one line, not a query
+    # A project name the query cannot hold: one line, not a query error.
+    code, out, err = await _cli(env, tmp_path, "tasks", "--project", "no/such")
+    assert code == 2, (out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
     # Answered: the task finishes (nothing is left waiting for the next test).
     approval = "approval:script:v1"
     sent = await people.decide(lf.settings, demo_key("director"), waiting.task_id, approval, "approve")

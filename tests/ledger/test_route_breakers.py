@@ -261,3 +261,18 @@ def test_observations_older_than_every_window_are_pruned_as_new_ones_arrive(
     finally:
         engine.dispose()
     assert (old, recent) == (0, PRUNE_EVERY)
+
+
+def test_a_tasks_billing_anomalies_count_once_per_window_however_many_workers_see_them(recorder):
+    """One task's overbilled fan-out is one failed call per breaker window, counted in the ledger: its later
+    anomalies are recorded as ok calls, from any worker at once; another task's anomaly counts again."""
+    route, _ = names()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(
+            pool.map(
+                lambda n: recorder.observe(route, Observation.ANOMALY, f"t1:shot/S0{n}:a1", POLICY), range(4)
+            )
+        )
+    assert recorder.observations(route) == {"anomaly": 1, "ok": 3}
+    recorder.observe(route, Observation.ANOMALY, "t2:shot/S01:a1", POLICY)
+    assert recorder.observations(route) == {"anomaly": 2, "ok": 3}

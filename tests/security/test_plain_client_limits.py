@@ -9,20 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
+from limitskit import nested
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from workflows.contracts import workflow_id
-
-
-def nested(depth: int) -> dict[str, Any]:
-    value: dict[str, Any] = {"leaf": 1}
-    for _ in range(depth - 1):
-        value = {"a": value}
-    return value
 
 
 @pytest.mark.parametrize("depth", [33, 195])

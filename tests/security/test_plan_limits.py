@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from limitskit import billion_laughs, fan_outs, nested
 
 from rules.plan import (
     MAX_INPUT_BYTES,
@@ -21,30 +22,12 @@ from rules.plan import (
 from vendors.routes import DEFAULT_ROUTES
 
 
-def nested(depth: int) -> dict[str, Any]:
-    """A mapping ``depth`` levels deep (itself counted)."""
-    value: dict[str, Any] = {"leaf": 1}
-    for _ in range(depth - 1):
-        value = {"a": value}
-    return value
-
-
 def raw(**stage: Any) -> dict[str, Any]:
     return {
         "goal": "limits",
         "budget_ceiling": "10",
         "stages": [{"id": "deep", "executor": "llm.text", "estimate": "1", **stage}],
     }
-
-
-def billion_laughs(levels: int = 9) -> str:
-    """The classic alias bomb inside a stage's input: each level lists the previous one 9 times."""
-    lines = ['      l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for i in range(1, levels):
-        lines.append(f"      l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
-    head = "goal: a bomb\nbudget_ceiling: 10\nstages:\n  - id: boom\n    executor: llm.text\n"
-    head += "    estimate: 1\n"
-    return head + "    input:\n" + "\n".join(lines) + "\n"
 
 
 def test_the_limits_are_what_the_issue_and_the_benchmarks_need() -> None:
@@ -105,23 +88,6 @@ def test_a_yaml_alias_bomb_is_refused_fast_with_one_line() -> None:
 def test_anchors_without_aliases_still_load() -> None:
     text = "goal: &g anchored\nbudget_ceiling: 10\nstages:\n  - {id: a, executor: llm.text, estimate: 1}\n"
     assert load_plan(text, DEFAULT_ROUTES).goal == "anchored"
-
-
-def fan_outs(stages: int, width: int = 500) -> dict[str, Any]:
-    return {
-        "goal": "wide",
-        "budget_ceiling": "1000000",
-        "stages": [
-            {
-                "id": f"s{i}",
-                "executor": "llm.text",
-                "estimate": "0.01",
-                "fan_out": width,
-                "depends_on": [f"s{i - 1}"] if i else [],
-            }
-            for i in range(stages)
-        ],
-    }
 
 
 def test_a_100k_node_plan_is_refused_with_the_cap_named() -> None:

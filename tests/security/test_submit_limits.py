@@ -8,31 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from limitskit import billion_laughs, fan_outs
 
 CLI = [str(Path(sys.executable).parent / "ledgerflow")]
 
 
 def _deep_input(depth: int) -> str:
     return "{a: " * depth + "1" + "}" * depth
-
-
-def _bomb(levels: int = 9) -> str:
-    """The classic alias bomb inside a stage's input: each level lists the previous one 9 times."""
-    lines = ['      l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for i in range(1, levels):
-        lines.append(f"      l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
-    head = "goal: a bomb\nbudget_ceiling: 10\nstages:\n  - id: boom\n    executor: llm.text\n"
-    head += "    estimate: 1\n"
-    return head + "    input:\n" + "\n".join(lines) + "\n"
-
-
-def _wide(stages: int) -> str:
-    rows = [
-        f"  - {{id: s{i}, executor: llm.text, estimate: 0.01, fan_out: 500"
-        + (f", depends_on: [s{i - 1}]}}" if i else "}")
-        for i in range(stages)
-    ]
-    return "\n".join(["goal: wide", "budget_ceiling: 1000000", "stages:", *rows])
 
 
 ONE = "goal: g\nbudget_ceiling: 10\nstages:\n  - {id: deep, executor: llm.text, estimate: 1, input: %s}\n"
@@ -43,8 +26,8 @@ ONE = "goal: g\nbudget_ceiling: 10\nstages:\n  - {id: deep, executor: llm.text, 
     [
         (ONE % _deep_input(260), ("stage 'deep'", "nested deeper than 32 levels")),
         (ONE % ("{text: " + "x" * 300_000 + "}"), ("stage 'deep'", "larger than 256 KiB")),
-        (_bomb(), ("YAML aliases", "not allowed")),
-        (_wide(200), ("100,002 nodes", "at most 20,000")),
+        (billion_laughs(), ("YAML aliases", "not allowed")),
+        (yaml.safe_dump(fan_outs(200)), ("100,002 nodes", "at most 20,000")),
         ("goal: x\nstages: " + "[" * 50_000 + "]" * 50_000 + "\n", ("nested too deeply",)),
     ],
     ids=["deep-input", "big-input", "alias-bomb", "100k-nodes", "deep-document"],

@@ -15,6 +15,7 @@ from activities.boundary import error_text, error_type, refused_scope, to_applic
 from activities.contracts import Activity, ErrorType, StageInput, executor_activity
 from rules.actions import Dispatch
 from rules.events import Intent, to_new
+from vendors.routes import DEFAULT_ROUTES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,15 +54,36 @@ def test_the_workflow_schedules_no_activity_by_a_string_literal() -> None:
 def test_executor_activity_routes_the_framework_stages_and_every_paid_one() -> None:
     assert executor_activity("compose") is Activity.COMPOSE_RUN
     assert executor_activity("review") is Activity.REVIEW_RUN
-    assert executor_activity("video.animate") is Activity.STAGE_RUN
+    paid = DEFAULT_ROUTES.executors - {"compose", "review"}
+    assert paid, "the default routes declare no executor"
+    for executor in sorted(paid):
+        assert executor_activity(executor) is Activity.STAGE_RUN, executor
+    assert executor_activity("video.animate") is Activity.STAGE_RUN  # one no route table declares
+
+
+# Each ErrorType raised under a ledger.errors class's name, with an instance of that class.
+LEDGER_BACKED: dict[ErrorType, BaseException] = {
+    ErrorType.STALE_EPOCH: ledger_errors.StaleEpoch("t1", 1, 2),
+    ErrorType.BUDGET_REFUSED: ledger_errors.BudgetRefused(
+        "task:t1", Decimal("10"), Decimal("9"), Decimal("0.5"), Decimal("2")
+    ),
+    ErrorType.ALREADY_RESOLVED: ledger_errors.AlreadyResolved("t1:n:1:result"),
+    ErrorType.DUPLICATE_EVENT: ledger_errors.DuplicateEvent("t1:n:1:result"),
+    ErrorType.LEDGER_ERROR: ledger_errors.LedgerError("the ledger broke"),
+    ErrorType.INVALID_AMOUNT: ledger_errors.InvalidAmount("amount", -1, "negative"),
+    ErrorType.TASK_NOT_FOUND: ledger_errors.TaskNotFound("t1"),
+}
 
 
 def test_error_types_are_the_ledger_error_class_names() -> None:
-    for kind in (ErrorType.STALE_EPOCH, ErrorType.BUDGET_REFUSED, ErrorType.ALREADY_RESOLVED):
-        assert getattr(ledger_errors, kind.value).__name__ == kind.value
-    for kind in (ErrorType.DUPLICATE_EVENT, ErrorType.LEDGER_ERROR, ErrorType.INVALID_AMOUNT):
-        assert issubclass(getattr(ledger_errors, kind.value), Exception)
-    assert issubclass(getattr(ledger_errors, ErrorType.TASK_NOT_FOUND.value), Exception)
+    # No ErrorType names a ledger.errors class without being checked here.
+    assert {k for k in ErrorType if hasattr(ledger_errors, k.value)} == set(LEDGER_BACKED)
+    for kind, instance in LEDGER_BACKED.items():
+        cls = getattr(ledger_errors, kind.value, None)
+        assert isinstance(cls, type) and issubclass(cls, Exception), kind
+        assert cls.__name__ == kind.value
+        assert type(instance) is cls
+        assert to_application_error(instance).type == kind, kind
 
 
 def test_a_refused_budget_carries_its_scope_in_typed_details_not_in_the_text() -> None:

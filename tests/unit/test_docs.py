@@ -170,10 +170,10 @@ def test_a_repeated_heading_gets_a_numbered_anchor(tmp_path: Path) -> None:
     assert anchors(doc) == {"doc", "notes", "notes-1", "custom"}
 
 
-# ── EXPECTED TO FAIL until the citation mapping (docs/.citations.txt) is applied to the code ────────────────
+# ── citations point into the repository ─────────────────────────────────────────────────────────────────────
 # The source documents ("seeds") and the original design card are not in the repository, so a comment citing
 # "seed 003 §58.4" or "design.md §7" sends the reader nowhere. docs/design.md restates what the code relies
-# on; docs/.citations.txt maps each citation to its section. Once that mapping is applied this test passes.
+# on: cite its sections instead.
 
 _SEED_CITATION = re.compile(r"seed[\s_-]?0", re.IGNORECASE)
 _CARD_CITATION = re.compile(r"(?<!docs/)\bdesign\.md")
@@ -191,7 +191,7 @@ def _package_sources() -> Iterator[Path]:
 
 
 def test_no_module_cites_the_seeds_or_the_old_design_card_but_docs_design_md() -> None:
-    """EXPECTED TO FAIL until docs/.citations.txt is applied: cite docs/design.md#section, not a seed."""
+    """Cite docs/design.md#section, never a seed or the old design card."""
     sources = list(_package_sources())
     assert sources, "no package sources found"
     offenders = [

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from activities import operation as operation_module
 from activities.llm import ChatReply, usage_amount
 from activities.operation import Operation
 from rules.money import MAX_AMOUNT, VendorAmount, priced_amount, usage_problem
@@ -97,12 +96,6 @@ def test_chat_usage_is_priced_through_the_gate() -> None:
     assert usage_amount(None, Decimal("0.002"))[2].amount == Decimal(0)  # no usage: no tokens, as before
 
 
-def test_a_reply_whose_usage_cannot_price_it_settles_at_the_estimate() -> None:
-    reply = ChatReply("{}", 0, 0, Decimal("0.5"), "h", "m", "vendor prompt_tokens -500 is negative", True)
-    assert reply.amount().amount is None
-    assert reply.amount().anomaly == "vendor prompt_tokens -500 is negative"
-
-
 # ── the settle path, with a recorder that only remembers what was written ────────────────────────────────
 
 
@@ -132,11 +125,6 @@ def op(rec: FakeRecorder, task: str, node: str, estimate: str, route: str = "vid
     )
 
 
-@pytest.fixture(autouse=True)
-def fresh_billing_memory() -> None:
-    operation_module._BILLING_OFF_AT.clear()
-
-
 def test_an_unusable_figure_is_counted_at_the_estimate_with_the_raw_value() -> None:
     rec = FakeRecorder()
     o = op(rec, "t1", "gen", "1.5")
@@ -144,6 +132,24 @@ def test_an_unusable_figure_is_counted_at_the_estimate_with_the_raw_value() -> N
     assert cost == Decimal("1.5")
     (detail,) = rec.anomalies()
     assert "nan" in detail and "counted at the estimate 1.5" in detail
+
+
+def test_a_reply_whose_usage_cannot_price_it_settles_at_the_estimate() -> None:
+    # The usage said -500 prompt tokens; ``cost`` is only the bound from the call's bytes (0.5), not a price.
+    reply = ChatReply(
+        content="{}",
+        tokens_in=0,
+        tokens_out=0,
+        cost=Decimal("0.5"),
+        prompt_hash="h",
+        model="m",
+        anomaly="vendor prompt_tokens -500 is negative",
+        unusable=True,
+    )
+    rec = FakeRecorder()
+    cost = asyncio.run(op(rec, "t1", "chat", "1.25").settle_cost(reply.amount()))
+    assert cost == Decimal("1.25")  # the estimate, not the byte bound
+    assert rec.anomalies() == ["vendor prompt_tokens -500 is negative: counted at the estimate 1.25"]
 
 
 def test_a_plan_with_a_tiny_estimate_never_marks_the_vendor_billing_as_off() -> None:
@@ -154,9 +160,7 @@ def test_a_plan_with_a_tiny_estimate_never_marks_the_vendor_billing_as_off() -> 
         o = op(rec, "t1", node, "0.001")
         charge = job(cost="0.10")
         cost = asyncio.run(
-            o.settle_cost(
-                job_amount(PER_CALL, charge), own_job=True, price_bound=price_bound(PER_CALL, charge)
-            )
+            o.settle_cost(job_amount(PER_CALL, charge), price_bound=price_bound(PER_CALL, charge))
         )
         assert cost == Decimal("0.10")  # recorded as billed, and flagged against the plan's estimate
         offs.append(o.billing_off)
@@ -164,22 +168,20 @@ def test_a_plan_with_a_tiny_estimate_never_marks_the_vendor_billing_as_off() -> 
     assert sum("above the reserved estimate" in a for a in rec.anomalies()) == 4
 
 
-def test_billing_far_above_the_routes_own_price_counts_once_per_task_per_window() -> None:
+def test_billing_far_above_the_routes_own_price_marks_the_call_as_billing_off() -> None:
+    """Judged against the route's declared price, never the plan's estimate; the route's breaker counts one
+    such call per task and window (tests/ledger/test_route_breakers.py), so every call is marked here."""
     rec = FakeRecorder()
 
     def settle(task: str, node: str) -> bool:
         o = op(rec, task, node, "50")  # a generous estimate: the plan does not mind, the vendor is off
         charge = job(cost="5.00")
-        asyncio.run(
-            o.settle_cost(
-                job_amount(PER_CALL, charge), own_job=True, price_bound=price_bound(PER_CALL, charge)
-            )
-        )
+        asyncio.run(o.settle_cost(job_amount(PER_CALL, charge), price_bound=price_bound(PER_CALL, charge)))
         return o.billing_off
 
     # Before: never counted (5.00 is under twice the estimate); now: against the route's 0.10 a call.
-    assert [settle("t1", n) for n in "abcd"] == [True, False, False, False]  # one per task per window
-    assert settle("t2", "a") is True  # another task's is its own observation
+    assert [settle("t1", n) for n in "abcd"] == [True, True, True, True]
+    assert settle("t2", "a") is True
     assert any("the route's own price 0.10" in a for a in rec.anomalies())
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from ledgerflow.runs.drill import drill_setup
-from vendors.routes import load_table
+from vendors.routes import RouteTable, load_table
 
 
 def test_the_drills_route_file_with_its_anchors_loads(tmp_path: Path) -> None:
@@ -18,4 +18,5 @@ def test_the_drills_route_file_with_its_anchors_loads(tmp_path: Path) -> None:
     path = tmp_path / "routes.yaml"
     path.write_text(text)
     table = load_table(path)
-    assert table.names().executors  # every route the drill declares is there
+    assert set(table.routes) == set(routes["routes"])  # every route the drill declares is there
+    assert table == RouteTable.model_validate(routes)  # each as declared, its aliases resolved

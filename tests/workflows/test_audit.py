@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
+
+from peoplekit import cli
 
 from ledgerflow.views.audit import Audit, TaskAudit, audit, operations
 from rules.actions import Action, Dispatch
@@ -211,27 +210,13 @@ async def test_a_task_whose_temporal_history_is_gone_is_reported_not_failed(lf):
 
 
 # ── a charge nobody recorded, through the CLI ────────────────────────────────────────────────────────
-async def cli(lf: Any, sim: Any, tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    """``ledgerflow ARGS`` as a subprocess against the test's servers and routes: (exit code, out, err)."""
-    env = {
-        **os.environ,
-        "LEDGERFLOW_TEMPORAL_ADDRESS": str(lf.settings.temporal_address),
-        "LEDGERFLOW_DATABASE_URL": str(lf.settings.database_url),
-        "LEDGERFLOW_STATE_DIR": str(tmp_path),
+def vendor_env(lf: Any, sim: Any) -> dict[str, str]:
+    """What the CLI needs beyond the servers (peoplekit.cli's base): the simulator and the test's routes."""
+    return {
         "LEDGERFLOW_VENDOR_URL": sim.url,
         "LEDGERFLOW_VENDOR_API_KEY": lf.settings.vendor_api_key.get_secret_value(),
         "LEDGERFLOW_ROUTES_FILE": str(lf.settings.routes_file),
     }
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).parent / "ledgerflow"),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await proc.communicate()
-    assert b"Traceback" not in out + err, err.decode()
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 async def test_a_charge_the_ledger_does_not_know_fails_the_billing_audit(lf_with, sim, tmp_path):
@@ -244,8 +229,8 @@ async def test_a_charge_the_ledger_does_not_know_fails_the_billing_audit(lf_with
         response = await sim.http.post("/jobs", json=job, headers={"Idempotency-Key": ghost})
         assert response.status_code == 201
         (code, out, err), (bad, _, why) = await asyncio.gather(
-            cli(lf, sim, tmp_path, "audit", task, "--billing"),
-            cli(lf, sim, tmp_path, "audit"),
+            cli(lf, tmp_path, "audit", task, "--billing", env=vendor_env(lf, sim)),
+            cli(lf, tmp_path, "audit", env=vendor_env(lf, sim)),
         )
     lines = out.splitlines()
     assert code == 1, (out, err)

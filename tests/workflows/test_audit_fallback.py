@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from fallbackkit import names
+from peoplekit import cli
 
 from ledger.recorder import Recorder
 from ledgerflow.views.audit import Listed, audit, match_charges, operations
@@ -61,34 +60,19 @@ def routes(primary: str, backup: str, backup_url: str) -> RouteTable:
     )
 
 
-async def cli(lf: Any, tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    """``ledgerflow ARGS`` as a subprocess against the test's servers and routes: (exit code, out, err)."""
-    env = {
-        **os.environ,
-        "LEDGERFLOW_TEMPORAL_ADDRESS": str(lf.settings.temporal_address),
-        "LEDGERFLOW_DATABASE_URL": str(lf.settings.database_url),
-        "LEDGERFLOW_STATE_DIR": str(tmp_path),
+def vendor_env(lf: Any) -> dict[str, str]:
+    """What the CLI needs beyond the servers (peoplekit.cli's base): the test's vendor and routes."""
+    return {
         "LEDGERFLOW_VENDOR_URL": str(lf.settings.vendor_url),
         "LEDGERFLOW_VENDOR_API_KEY": lf.settings.vendor_api_key.get_secret_value(),
         "LEDGERFLOW_ROUTES_FILE": str(lf.settings.routes_file),
     }
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).parent / "ledgerflow"),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await proc.communicate()
-    assert b"Traceback" not in out + err, err.decode()
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 async def test_the_billing_audit_reads_the_fallback_routes_bill_and_a_dispute_has_its_evidence(
     lf_with: Any, sim: Any, recorder: Recorder, vendor_b: str, tmp_path: Path, sim_key: str
 ) -> None:
-    u = uuid.uuid4().hex[:8]
-    primary, backup = f"mo-{u}", f"mo-{u}-b"
+    primary, backup = names()
     await sim.configure(executors={primary: {"server_error": 1.0, "server_error_status": 503}})
     recorder.record_qualification(backup, True, "regression passed", {"scores": [0.9]}, "test")
     async with lf_with(routes=routes(primary, backup, vendor_b)) as lf:
@@ -138,8 +122,8 @@ async def test_the_billing_audit_reads_the_fallback_routes_bill_and_a_dispute_ha
         # The evidence for a refund claim on that operation, from the CLI.
         bundle = tmp_path / "dispute.json"
         (code, out, err), (bad, _, why) = await asyncio.gather(
-            cli(lf, tmp_path, "billing", "dispute", doubled.key, "--out", str(bundle)),
-            cli(lf, tmp_path, "billing", "dispute", f"{task}:nothing:a1"),
+            cli(lf, tmp_path, "billing", "dispute", doubled.key, "--out", str(bundle), env=vendor_env(lf)),
+            cli(lf, tmp_path, "billing", "dispute", f"{task}:nothing:a1", env=vendor_env(lf)),
         )
     assert code == 0, (out, err)
     evidence = json.loads(bundle.read_text())

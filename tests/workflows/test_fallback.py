@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from decimal import Decimal
 from typing import Any
 
 import httpx
+from fallbackkit import check_money, names, outage_routes
 
 from ledger.recorder import Recorder
-from rules.events import vendor_spend
-from vendors.routes import Breaker, Price, RouteSpec, RouteTable
+from vendors.routes import Price, RouteSpec, RouteTable
 
 PLAN = """
 goal: {goal}
@@ -31,34 +30,8 @@ stages:
 PASS = json.dumps({"scores": {"visual": 0.9}, "blame": {}, "reasons": []})
 
 
-def outage_routes(primary: str, backup: str, **breaker: Any) -> RouteTable:
-    rest = {"window": 60.0, "min_calls": 2, "error_rate": 0.5, "open_for": 600.0, **breaker}
-    return RouteTable(
-        routes={
-            # The simulator's server_error habit answers before accepting anything: this vendor documents
-            # its 503 as "down, not taken" (no route lists it by default).
-            primary: RouteSpec(breaker=Breaker(**rest), fallbacks=(backup,), refused_statuses=(503,)),
-            backup: RouteSpec(regression="regressions/motion.yaml", convert={"aspect": "ratio"}),
-        }
-    )
-
-
-def names() -> tuple[str, str]:
-    u = uuid.uuid4().hex[:8]
-    return f"mo-{u}", f"mo-{u}-b"
-
-
 def intents(recorder: Recorder, task_id: str) -> list[Any]:
     return [e for e in recorder.read_events(task_id) if e.type == "Intent" and e.payload.get("route")]
-
-
-async def check_money(sim: Any, recorder: Recorder, task_id: str) -> list[dict[str, Any]]:
-    """One charge per OperationKey, and the ledger's total equal to the vendor's."""
-    charges = await sim.charges(f"{task_id}:")
-    keys = [c["idempotency_key"] for c in charges]
-    assert len(keys) == len(set(keys)), "a key was charged twice"
-    assert vendor_spend(recorder.read_events(task_id)) == await sim.total(f"{task_id}:") > 0
-    return charges
 
 
 async def test_an_outage_opens_the_breaker_and_the_shots_move_to_the_fallback_canary_first(

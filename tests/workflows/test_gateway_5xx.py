@@ -119,8 +119,19 @@ async def test_an_open_breaker_never_voids_a_send_its_gateway_answered_503(lf_wi
     if not refused:
         assert not voided & set(charged), "an operation the vendor charged was voided"
     else:
-        late = {e.operation_key for e in events if e.payload.get("kind") == "late_charge"}
-        assert voided & set(charged) <= late, "a voided operation's charge was not swept"
+        hit = voided & set(charged)
+        assert hit, f"no charged operation was voided ({voided}): the misdeclared 503 was never exercised"
+        late = [e for e in events if e.type == "SystemMarker" and e.payload.get("kind") == "late_charge"]
+        assert hit <= {e.operation_key for e in late}, "a voided operation's charge was not swept"
+        billed: dict[str, Decimal] = {}
+        for c in await sim.charges(f"{plan.task_id}:"):
+            billed[c["idempotency_key"]] = billed.get(c["idempotency_key"], Decimal(0)) + Decimal(c["amount"])
+        swept: dict[str, Decimal] = {}
+        for e in late:
+            if e.operation_key in hit:
+                amount = Decimal(str(e.payload["amount"]))
+                swept[e.operation_key] = swept.get(e.operation_key, Decimal(0)) + amount
+        assert swept == {k: billed[k] for k in hit}, f"late charges {swept} vs the vendor's billing {billed}"
 
 
 async def test_an_unlisted_503_is_voided_for_the_fallback_only_once_proven_absent(lf_with, sim, recorder):

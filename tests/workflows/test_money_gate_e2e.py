@@ -17,9 +17,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from fallbackkit import check_money, names
 
 from ledger.recorder import Recorder
-from rules.events import parse, vendor_spend
+from rules.events import parse
 from vendors.routes import AdapterKind, Breaker, Price, RouteSpec, RouteTable, VendorMode
 
 ONE_SHOT = """
@@ -122,22 +123,12 @@ def priced_routes(primary: str, backup: str) -> RouteTable:
     )
 
 
-async def check_money(sim: Any, recorder: Recorder, task_id: str) -> list[dict[str, Any]]:
-    """One charge per OperationKey, and the ledger's total equal to the vendor's own billing."""
-    charges = await sim.charges(f"{task_id}:")
-    keys = [c["idempotency_key"] for c in charges]
-    assert len(keys) == len(set(keys)), "a key was charged twice"
-    assert vendor_spend(recorder.read_events(task_id)) == await sim.total(f"{task_id}:") > 0
-    return charges
-
-
 async def test_a_plan_with_a_tiny_estimate_never_opens_a_breaker_its_vendor_bills_normally(
     lf_with: Any, sim: Any, recorder: Recorder
 ) -> None:
     """Old: four nodes estimated at 0.001, billed the route's normal 0.10, were four 'failed calls' (0.10 >
     2 × 0.001): the route's shared breaker opened for every project because of one plan."""
-    u = uuid.uuid4().hex[:8]
-    primary, backup = f"mo-{u}", f"mo-{u}-b"
+    primary, backup = names()
     await sim.configure(executors={primary: {"cost": str(PRICE)}})
     async with lf_with(routes=priced_routes(primary, backup)) as lf:
         plan = lf.plan(FAN.format(goal="tiny", width=4, primary=primary, estimate="0.001"))
@@ -155,8 +146,7 @@ async def test_a_plan_with_a_tiny_estimate_never_opens_a_breaker_its_vendor_bill
 async def test_a_vendor_billing_far_above_its_declared_price_opens_its_breaker_once_per_task(
     lf_with: Any, sim: Any, recorder: Recorder
 ) -> None:
-    u = uuid.uuid4().hex[:8]
-    primary, backup = f"mo-{u}", f"mo-{u}-b"
+    primary, backup = names()
     await sim.configure(executors={primary: {"cost": "5.00"}})  # 50 × its declared 0.10 a call
     recorder.record_qualification(backup, True, "regression passed", {"scores": [0.9]}, "test")
     async with lf_with(routes=priced_routes(primary, backup)) as lf:
