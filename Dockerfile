@@ -39,6 +39,10 @@ ENV PATH=/opt/venv/bin:$PATH \
 # uid 1000: the S3 server's image (chrislusf/seaweedfs) runs as uid 1000 too, and reads the TLS key the `tls`
 # job (this image) writes with mode 0600. The directories are the compose file's volume mount points: a new
 # named volume takes their owner, so this non-root user can write to it.
+# bubblewrap: code.validate runs a lesson's examples in its sandbox, and refuses to run without it outside dev
+# mode (docs/sandbox.md; compose needs the seccomp profile that doc names for its namespaces).
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 1000 --user-group --create-home --shell /usr/sbin/nologin ledgerflow \
     && install -d -o ledgerflow -g ledgerflow \
         /var/lib/ledgerflow/tls/ca /var/lib/ledgerflow/tls/s3 /var/lib/ledgerflow/tls/trust

@@ -4,13 +4,25 @@ The review must not trust what a vendor *says* it delivered (its metadata, its h
 file with PyAV, decodes every video frame and every audio sample, and derives duration from what decoded.
 Anything it cannot open or fully decode raises :class:`MediaInvalid` with a one-line reason, so a truncated
 upload fails review instead of passing on the strength of an intact header.
+
+The files come from vendors, so FFmpeg parses hostile bytes: ``probe`` decodes in a child interpreter (this
+module run as a script) with a clean environment, an address-space limit, a CPU limit, no core dumps and a
+wall-clock timeout. A file that makes the decoder crash, hang or balloon fails as :class:`MediaInvalid`
+(that output only); the worker's memory and threads are never at stake. ``probe_in_process`` is the
+decoding itself, for the child (and for files we wrote ourselves, if a caller wants to skip the child).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import resource
+import signal
 import struct
-from dataclasses import dataclass, field
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -26,6 +38,14 @@ PNG_LINEAGE_KEY = "ledgerflow"
 # FFmpeg's single demuxer for the whole ISO base media family; the major brand tells the members apart.
 _ISO_BMFF_NAMES = frozenset({"mov", "mp4", "m4a", "3gp", "3g2", "mj2"})
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# The child's limits. Address space counts the interpreter and FFmpeg's libraries (~120 MiB) and reserved
+# thread stacks, so it is a ceiling, not a working set; a 1080p decode needs a few hundred MiB.
+PROBE_TIMEOUT_S = 120.0
+PROBE_MEMORY_MB = 1024
+# The child's exit status when decoding ran out of memory (MemoryError or FFmpeg's ENOMEM).
+_MEMORY_EXIT = 86
+_CHILD_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 class MediaInvalid(Exception):
@@ -67,7 +87,111 @@ class MediaProbe:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
-def probe(path: Path) -> MediaProbe:
+def probe(path: Path, *, timeout_s: float = PROBE_TIMEOUT_S, memory_mb: int = PROBE_MEMORY_MB) -> MediaProbe:
+    """Decode a media file in a limited child process and report what it really contains.
+
+    See ``probe_in_process`` for what is decoded and checked. The child gets ``timeout_s`` of wall-clock
+    time (and as much CPU time), ``memory_mb`` of address space and an environment without our secrets.
+
+    Args:
+        path: The file to probe.
+        timeout_s: Wall-clock limit for the whole decode.
+        memory_mb: Address-space limit of the decoding process.
+
+    Returns:
+        The decoded facts about the file.
+
+    Raises:
+        MediaInvalid: As ``probe_in_process``, and when the decoder ran out of time or memory or crashed.
+    """
+    path = Path(path)
+    argv = [
+        sys.executable,
+        "-I",
+        os.path.abspath(__file__),
+        os.fspath(path.absolute()),
+        str(memory_mb * 1024 * 1024),
+        str(max(1, int(timeout_s + 0.999))),
+    ]
+    env = {"PATH": _CHILD_PATH, "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2"}
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill(child)
+        raise MediaInvalid(f"not decodable: the decoder did not finish within {timeout_s:g}s") from None
+    except BaseException:
+        _kill(child)
+        raise
+    finally:
+        # Nothing the decoder started may outlive it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+    return _outcome(child.returncode, out, err, memory_mb)
+
+
+def _outcome(code: int, out: bytes, err: bytes, memory_mb: int) -> MediaProbe:
+    """Turn how the child ended into a probe or a ``MediaInvalid``."""
+    if code == 0:
+        answer = json.loads(out)
+        if "invalid" in answer:
+            raise MediaInvalid(answer["invalid"])
+        return MediaProbe(**answer["probe"])
+    last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+    if code == _MEMORY_EXIT or code == -signal.SIGKILL:
+        raise MediaInvalid(f"not decodable: the decoder exceeded the memory limit of {memory_mb} MiB")
+    if code == -signal.SIGXCPU:
+        raise MediaInvalid("not decodable: the decoder ran out of CPU time")
+    if code < 0:
+        raise MediaInvalid(f"not decodable: the decoder crashed ({_signal_name(-code)})")
+    raise MediaInvalid(f"not decodable: the probe failed: {last[0][:300]}")
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.kill()
+    child.communicate()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _child_main(argv: list[str]) -> int:
+    """The decoding child: limits first, then probe, then one JSON line on stdout."""
+    path, memory, cpu = argv[1], int(argv[2]), int(argv[3])
+    for which, value in (
+        (resource.RLIMIT_AS, memory),
+        (resource.RLIMIT_CPU, cpu),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        resource.setrlimit(which, (value, value))
+    try:
+        found = probe_in_process(Path(path))
+    except MediaInvalid as e:
+        if "Cannot allocate memory" in str(e):
+            return _MEMORY_EXIT
+        answer: dict[str, Any] = {"invalid": str(e)}
+    except MemoryError:
+        return _MEMORY_EXIT
+    else:
+        answer = {"probe": asdict(found)}
+    sys.stdout.write(json.dumps(answer))
+    return 0
+
+
+def probe_in_process(path: Path) -> MediaProbe:
     """Open and fully decode a media file, and report what it really contains.
 
     Every video frame and audio sample of the first video and first audio stream is decoded (the files
@@ -326,3 +450,7 @@ def _walk_png(f: BinaryIO, size: int) -> str | None:
             return None
         offset = end
     return f"truncated: the PNG ends at byte {size} without an IEND chunk"
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv))

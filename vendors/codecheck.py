@@ -1,64 +1,70 @@
-"""Run the Python code examples of a Markdown lesson in isolated subprocesses and report which fail, and why.
+"""Run the Python code examples of a Markdown lesson in a sandbox and report which fail, and why.
 
 A generated programming lesson is only worth paying for if its examples really run. ``check_markdown``
-extracts every fenced ``python`` / ``py`` block and runs each one in its own interpreter:
+extracts every fenced ``python`` / ``py`` block and runs each one in its own interpreter. The code is an
+LLM's, so it is treated as hostile: each example runs under OS isolation (``vendors.sandbox``, bubblewrap;
+``docs/sandbox.md``):
 
-* ``sys.executable -I`` (isolated mode: no ``PYTHON*`` variables, no user site-packages) in a fresh
-  temporary working directory that is deleted afterwards; the example runs as ``__main__`` from
-  ``example_<index>.py`` in that directory, as ``python example_<index>.py`` would run it;
-* an environment built from scratch (``PATH``, ``LANG``, plus ``HOME``/``TMPDIR`` pointing into the sandbox
-  directory): nothing of the parent's environment, so no API keys or database URLs, reaches the example;
-* stdin on ``/dev/null``; stdout and stderr captured, keeping at most 64 KiB of each (the tail, where the
-  traceback is) while draining the rest so a chatty example can neither block nor balloon our memory;
-* resource limits applied by a small bootstrap before the example's first line runs: ``RLIMIT_AS`` (memory;
-  it counts the interpreter's own ~15 MiB of address space and reserved-but-untouched mappings, so it is a
-  ceiling on address space rather than on resident memory), ``RLIMIT_CPU`` (slightly above the wall-clock
-  timeout), ``RLIMIT_NOFILE``, ``RLIMIT_FSIZE`` and no core dumps. Soft and hard limits are set equal, so
-  the example cannot raise them back (and, in case we run as root, the ``resource.setrlimit`` /
-  ``resource.prlimit`` audit events are refused as well);
-* its own session and process group, which the wall-clock timeout kills as a whole (and which is killed
-  after a normal exit too, so a stray background child does not outlive its example; one that starts its own
-  session escapes, and we then stop reading its output after a grace period rather than wait for it);
-* no network, best effort: the bootstrap installs a ``sys.addaudithook`` hook that refuses
-  ``socket.__new__`` for anything but ``AF_UNIX``, ``socket.connect`` / ``socket.bind`` to anything but a
-  Unix socket path inside the sandbox directory, and every name lookup (``socket.getaddrinfo``,
-  ``gethostbyname``, ``gethostbyaddr``, ``getnameinfo``). The hook is installed before user code runs and
-  cannot be removed by it (CPython offers no way to remove an audit hook). It is an in-process guard, not a
-  kernel sandbox: ``ctypes`` calling libc directly, a C extension opening sockets without the audit calls, or
-  a program started with ``subprocess`` (``curl``, another interpreter) are not covered. ``AF_UNIX`` sockets
-  stay allowed because ``asyncio`` needs a ``socketpair`` for its event loop and ``multiprocessing``
-  managers listen on a socket file in the temp directory.
+* new user, mount, PID, network, IPC and UTS namespaces: no network at all, no view of the worker's
+  processes (so no ``/proc/<worker>/environ``), a read-only root and a private, size-capped ``/tmp`` that
+  is its working directory, ``HOME`` and ``TMPDIR``; an unprivileged uid (a root worker drops to
+  ``LEDGERFLOW_SANDBOX_UID``, 65534 by default, first) with no capabilities;
+* ``sys.executable -I`` (isolated mode), as ``__main__`` from ``/tmp/example_<index>.py`` (its source comes
+  on stdin, which is then ``/dev/null``), with an environment built from scratch (``PATH``, ``LANG``,
+  ``HOME``, ``TMPDIR``, ``MALLOC_ARENA_MAX``) and no inherited descriptor beyond stdout and stderr, which are
+  captured, keeping at most 64 KiB of each (the tail, where the traceback is);
+* resource limits applied by a small bootstrap before the example's first line runs: ``RLIMIT_AS``
+  (memory; address space, so a ceiling rather than resident memory), ``RLIMIT_CPU`` (slightly above the
+  wall-clock timeout), ``RLIMIT_NPROC`` (processes and threads; it holds because the uid is not root),
+  ``RLIMIT_NOFILE``, ``RLIMIT_FSIZE`` and no core dumps, soft equal to hard (and the ``resource.setrlimit``
+  audit events refused);
+* a wall-clock timeout that kills the sandbox's outer process, and with it the PID namespace: nothing an
+  example starts outlives it, not even a child that started its own session;
+* inside, as defence in depth and for a clear message, an audit hook that refuses non-Unix sockets and
+  name lookups ("network access is blocked in code examples").
+
+Every failure text is scrubbed of the worker's secrets (``scrub``) before it leaves this module. Without a
+working sandbox (no ``bwrap``, or namespaces refused) ``run_examples`` raises ``SandboxUnavailable`` with
+one line naming the missing tool, unless ``LEDGERFLOW_ENV=dev``: then it logs a loud warning and runs the
+examples as before the sandbox existed (the worker's uid, a fresh temp dir, the same limits but the
+process limit, the audit hook as the only network guard).
 
 An example fails when its interpreter exits non-zero, and also when one of its threads died of an uncaught
 exception (Python prints that and still exits 0, but the lesson's reader would see a traceback).
-
-The process is not a security boundary against hostile code (no namespaces, no seccomp, same user); it keeps
-honest-but-buggy examples from hanging the pipeline, eating the worker's memory, reading its secrets or
-talking to the internet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import re
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+from vendors.sandbox import SANDBOX_TMP, SandboxUnavailable
+from vendors.sandbox import command as sandbox_command
+from vendors.sandbox import status as sandbox_status
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CodeCheckReport",
     "Example",
     "ExampleFailure",
     "ExampleFailureKind",
+    "SandboxUnavailable",
     "check_markdown",
     "extract_examples",
     "run_examples",
+    "scrub",
 ]
 
 ExampleFailureKind = Literal["error", "timeout", "memory"]
@@ -72,6 +78,8 @@ TRACEBACK_LINES = 40
 MESSAGE_CHARS = 4000
 # Plenty for a lesson; small enough that a runaway loop opening or writing files fails early.
 NOFILE_LIMIT = 128
+# Processes and threads of one example (inside the sandbox only: outside it the count is the worker's uid's).
+NPROC_LIMIT = 64
 FSIZE_LIMIT = 16 * 1024 * 1024
 # After the child is gone, how long its pipes may take to reach EOF. Only a grandchild that left the process
 # group (setsid) can hold them open longer; we then stop reading rather than wait for it.
@@ -87,7 +95,7 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 # Run by ``python -I -c`` before the example.
-# argv = [path, memory_bytes, cpu_s, nofile, fsize, sandbox, memory_exit].
+# argv = [path, memory_bytes, cpu_s, nofile, fsize, sandbox, memory_exit, nproc]; the source on stdin.
 # Everything it needs is imported and bound to locals before user code runs, so an example that
 # monkeypatches ``os`` or ``socket`` cannot change what the hook checks against.
 _BOOTSTRAP = r"""
@@ -105,7 +113,16 @@ def _codecheck_main(argv):
     import types
 
     path, sandbox = argv[1], argv[6]
-    memory, cpu, nofile, fsize, memory_exit = map(int, argv[2:6] + argv[7:8])
+    memory, cpu, nofile, fsize, memory_exit, nproc = map(int, argv[2:6] + argv[7:9])
+
+    # The example arrives on stdin (the sandbox's /tmp is private: nothing of ours can be put there); stdin
+    # is then /dev/null, and no other descriptor of the parent's survives.
+    source_code = sys.stdin.buffer.read()
+    with open(path, "wb") as target:
+        target.write(source_code)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.closerange(3, 65536)
 
     def limit(which, value, hard=None):
         hard = value if hard is None else hard
@@ -120,6 +137,10 @@ def _codecheck_main(argv):
     limit(resource.RLIMIT_NOFILE, nofile)
     limit(resource.RLIMIT_FSIZE, fsize)
     limit(resource.RLIMIT_CORE, 0)
+    # Counted per uid: without a sandbox as root it is ignored (root is exempt), inside it the example is an
+    # unprivileged uid of its own user namespace, and a fork bomb stops here.
+    if nproc:
+        limit(resource.RLIMIT_NPROC, nproc)
 
     af_unix = socket.AF_UNIX
     realpath, join, fsdecode, getcwd = os.path.realpath, os.path.join, os.fsdecode, os.getcwd
@@ -334,14 +355,20 @@ async def run_examples(
 
     Raises:
         ValueError: If a limit is not positive.
+        SandboxUnavailable: The sandbox cannot run here and this is not dev mode (``LEDGERFLOW_ENV=dev``);
+            the message is one line naming the missing tool.
     """
     if not timeout_s > 0 or memory_mb < 1 or concurrency < 1:
         raise ValueError("timeout_s, memory_mb and concurrency must be positive")
+    sandboxed = await _sandboxed() if examples else True
     gate = asyncio.Semaphore(concurrency)
 
     async def run(example: Example) -> ExampleFailure | None:
         async with gate:
-            return await _run_example(example, timeout_s=timeout_s, memory_mb=memory_mb)
+            failure = await _run_example(
+                example, timeout_s=timeout_s, memory_mb=memory_mb, sandboxed=sandboxed
+            )
+        return failure if failure is None else replace(failure, message=scrub(failure.message))
 
     tasks = [asyncio.ensure_future(run(example)) for example in examples]
     try:
@@ -376,6 +403,55 @@ async def check_markdown(
     )
 
 
+def sandbox_tmp() -> str:
+    """The example's working directory inside the sandbox (a private tmpfs)."""
+    return SANDBOX_TMP
+
+
+async def _sandboxed() -> bool:
+    """Whether examples run in the sandbox; without one, fall back loudly in dev mode and refuse otherwise."""
+    found = await asyncio.to_thread(sandbox_status)
+    if found.ok:
+        return True
+    if os.environ.get("LEDGERFLOW_ENV") == "dev":
+        log.warning(
+            "code.validate: NO SANDBOX, running examples as the worker's own user (dev mode only): %s",
+            found.reason,
+        )
+        return False
+    raise SandboxUnavailable(f"code.validate refuses to run examples without a sandbox: {found.reason}")
+
+
+# Environment variables whose values never leave codecheck in a failure text.
+_SECRET_NAME = re.compile(r"KEY|SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL", re.IGNORECASE)
+_URL_NAME = re.compile(r"DATABASE_URL|_DSN$|_URL$", re.IGNORECASE)
+# Shorter values are too likely to be ordinary words or numbers ("1", "dev") to replace safely.
+_SECRET_MIN = 4
+REDACTED = "[redacted]"
+
+
+def scrub(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """Replace every secret of ``environ`` (default: ours) that appears in ``text`` with ``[redacted]``.
+
+    Secrets are the values of variables named like ``*KEY*``, ``*SECRET*``, ``*PASSWORD*``, ``*TOKEN*``
+    (any case) and the password of any URL-valued variable (``LEDGERFLOW_DATABASE_URL``), raw and
+    percent-decoded.
+    """
+    environ = os.environ if environ is None else environ
+    secrets: set[str] = set()
+    for name, value in environ.items():
+        if _SECRET_NAME.search(name):
+            secrets.add(value)
+        if _URL_NAME.search(name) or "://" in value:
+            with contextlib.suppress(ValueError):
+                password = urlsplit(value).password
+                if password:
+                    secrets.update({password, unquote(password)})
+    for secret in sorted((s for s in secrets if len(s) >= _SECRET_MIN), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
 @dataclass(frozen=True)
 class _Run:
     returncode: int
@@ -384,25 +460,36 @@ class _Run:
     stderr: bytes
 
 
-async def _run_example(example: Example, *, timeout_s: float, memory_mb: int) -> ExampleFailure | None:
-    """Run one example in a fresh temporary directory and classify how it ended."""
-    sandbox = tempfile.TemporaryDirectory(prefix="codecheck-")
+async def _run_example(
+    example: Example, *, timeout_s: float, memory_mb: int, sandboxed: bool
+) -> ExampleFailure | None:
+    """Run one example (in the sandbox, or in a fresh temporary directory without one) and classify it."""
+    name = f"example_{example.index}.py"
+    if sandboxed:
+        path = os.path.join(sandbox_tmp(), name)
+        run = await _run_child(
+            example.code, path, sandbox_tmp(), timeout_s=timeout_s, memory_mb=memory_mb, jail=True
+        )
+        return _classify(run, example, path, timeout_s=timeout_s, memory_mb=memory_mb)
+    workdir = tempfile.TemporaryDirectory(prefix="codecheck-")
     try:
-        path = os.path.join(sandbox.name, f"example_{example.index}.py")
-        with open(path, "w", encoding="utf-8") as file:
-            file.write(example.code)
-        run = await _run_sandboxed(path, sandbox.name, timeout_s=timeout_s, memory_mb=memory_mb)
+        path = os.path.join(workdir.name, name)
+        run = await _run_child(
+            example.code, path, workdir.name, timeout_s=timeout_s, memory_mb=memory_mb, jail=False
+        )
     finally:
         # An example may leave many files or read-only directories behind; TemporaryDirectory.cleanup
         # resets permissions as it goes. Off the event loop, since it is disk I/O of unknown size.
-        await asyncio.to_thread(sandbox.cleanup)
+        await asyncio.to_thread(workdir.cleanup)
     return _classify(run, example, path, timeout_s=timeout_s, memory_mb=memory_mb)
 
 
-async def _run_sandboxed(path: str, sandbox: str, *, timeout_s: float, memory_mb: int) -> _Run:
-    """Run the bootstrap on ``path`` under the limits, killing its process group when done."""
+async def _run_child(
+    code: str, path: str, workdir: str, *, timeout_s: float, memory_mb: int, jail: bool
+) -> _Run:
+    """Run the bootstrap on ``code`` (written to ``path``) under the limits; kill its process group after."""
     cpu_s = math.ceil(timeout_s) + 1
-    process = await asyncio.create_subprocess_exec(
+    argv = [
         sys.executable,
         "-I",
         "-c",
@@ -412,19 +499,29 @@ async def _run_sandboxed(path: str, sandbox: str, *, timeout_s: float, memory_mb
         str(cpu_s),
         str(NOFILE_LIMIT),
         str(FSIZE_LIMIT),
-        sandbox,
+        workdir,
         str(MEMORY_EXIT),
-        stdin=asyncio.subprocess.DEVNULL,
+        str(NPROC_LIMIT if jail else 0),
+    ]
+    env = _child_env(workdir)
+    if jail:
+        argv = sandbox_command(argv, env)
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        cwd=sandbox,
-        env=_child_env(sandbox),
+        cwd=None if jail else workdir,
+        env=env,
         # setsid in the child (async-signal-safe, unlike a preexec_fn under threads): its own process
-        # group, so the timeout kills everything it started, not just the interpreter.
+        # group, so the timeout kills everything it started, not just the interpreter (in the sandbox, the
+        # outer bwrap, whose death ends the sandbox's PID namespace and so everything in it).
         start_new_session=True,
     )
     out, err = _Tail(), _Tail()
-    readers = asyncio.gather(out.drain(process.stdout), err.drain(process.stderr))
+    readers = asyncio.gather(
+        _feed(process.stdin, code.encode()), out.drain(process.stdout), err.drain(process.stderr)
+    )
     try:
         exited = await _wait_for_exit(process, timeout_s)
     except BaseException:
@@ -449,7 +546,21 @@ async def _run_sandboxed(path: str, sandbox: str, *, timeout_s: float, memory_mb
         # A descendant left the group (setsid) and holds the pipes: keep what was read and stop listening.
         _close_transport(process)
     returncode = await process.wait()
+    if jail and returncode > 128 and _is_signal(returncode - 128):
+        # bwrap reports a child killed by signal N as exit status 128 + N.
+        returncode = -(returncode - 128)
     return _Run(returncode=returncode, timed_out=not exited, stdout=bytes(out.kept), stderr=bytes(err.kept))
+
+
+async def _feed(stream: asyncio.StreamWriter | None, data: bytes) -> None:
+    """Write the example's source to the bootstrap's stdin and close it (it may die before reading it all)."""
+    if stream is None:
+        return
+    with contextlib.suppress(ConnectionError):
+        stream.write(data)
+        await stream.drain()
+    with contextlib.suppress(ConnectionError):
+        stream.close()
 
 
 async def _wait_for_exit(process: asyncio.subprocess.Process, timeout_s: float) -> bool:
@@ -482,14 +593,14 @@ def _close_transport(process: asyncio.subprocess.Process) -> None:
         transport.close()
 
 
-def _child_env(sandbox: str) -> dict[str, str]:
+def _child_env(workdir: str) -> dict[str, str]:
     """Build the example's environment from scratch: nothing of ours (keys, URLs) is passed on."""
     return {
         "PATH": CHILD_PATH,
         "LANG": "C.UTF-8",
         # Libraries that cache or configure under ~ or in the temp dir write inside the sandbox.
-        "HOME": sandbox,
-        "TMPDIR": sandbox,
+        "HOME": workdir,
+        "TMPDIR": workdir,
         # RLIMIT_AS counts reserved address space, and glibc reserves 64 MiB per thread arena: without this
         # a modest thread pool fails with "can't start new thread" under a 256 MiB limit.
         "MALLOC_ARENA_MAX": "2",
@@ -537,6 +648,8 @@ def _classify(
         kind, message = "memory", f"exceeded the memory limit of {memory_mb} MiB"
         if output:
             message = f"{message}\n{output}"
+    elif code > 0 and _hit_process_limit(output):
+        kind, message = "error", f"exceeded the process limit of {NPROC_LIMIT} processes\n{output}"
     elif code > 0:
         kind, message = "error", output or f"exited with status {code}"
     else:
@@ -563,6 +676,20 @@ def _trim(message: str) -> str:
 def _mentions_memory(output: str) -> bool:
     lowered = output.lower()
     return any(word in lowered for word in ("memoryerror", "cannot allocate memory", "out of memory"))
+
+
+def _hit_process_limit(output: str) -> bool:
+    # fork/clone/thread start failing with EAGAIN is what RLIMIT_NPROC looks like from Python.
+    last = output.rstrip().rsplit("\n", 1)[-1]
+    return "Resource temporarily unavailable" in last or "can't start new thread" in last
+
+
+def _is_signal(number: int) -> bool:
+    try:
+        signal.Signals(number)
+    except ValueError:
+        return False
+    return True
 
 
 def _signal_name(number: int) -> str:

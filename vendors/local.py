@@ -40,6 +40,7 @@ from vendors.adapter import (
 from vendors.codecheck import check_markdown
 from vendors.errors import VendorNotFound, VendorRejected
 from vendors.routes import RouteSpec
+from vendors.sandbox import SandboxUnavailable
 
 Body = Callable[[dict[str, Any]], Awaitable[VendorJob]]
 # Work the worker does itself is ours: its outputs carry our own rights metadata (the review checks
@@ -134,13 +135,22 @@ class LocalAdapter:
         texts = [await asyncio.to_thread(self._read_text, r) for r in inputs]
         timeout = float(request.get("timeout_seconds") or 10)
         memory = int(request.get("memory_mb") or 256)
-        report = await check_markdown("\n\n".join(texts), timeout_s=timeout, memory_mb=memory)
+        try:
+            report = await check_markdown("\n\n".join(texts), timeout_s=timeout, memory_mb=memory)
+        except SandboxUnavailable as e:
+            # The deployment lacks its sandbox (docs/sandbox.md): nothing ran. The node fails with the one
+            # line naming what is missing; after its retries a person reads it (a dead letter).
+            error = JobError(kind=JobErrorKind.TECHNICAL, message=str(e))
+            failed = JobStatus.FAILED
+            return VendorJob(id="local-no-sandbox", status=failed, progress=1.0, cost="0", error=error)
         data = json.dumps(report.to_json(), sort_keys=True).encode()
         job_id = "local-" + hashlib.sha256(data).hexdigest()[:16]
         if report.ok:
             return _done(data, "json")
         first = report.failures[0]
-        kind = JobErrorKind.TECHNICAL if first.kind == "timeout" else JobErrorKind.CONTENT_REJECTED
+        # Every failure of an example is the example's: one that sleeps forever is refused like one that reads
+        # secrets or forks without end (the sandbox's limits made each a failure), never retried unchanged.
+        kind = JobErrorKind.CONTENT_REJECTED
         message = f"example {first.index + 1} (line {first.line}) {first.kind}: {first.message}"
         error = JobError(kind=kind, message=message)
         return VendorJob(id=job_id, status=JobStatus.FAILED, progress=1.0, cost="0", error=error)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import tempfile
 import textwrap
 import time
@@ -164,7 +165,7 @@ async def test_a_passing_lesson_is_ok() -> None:
         server.bind("ipc.sock")
         server.listen()
         try:
-            socket.socket(socket.AF_UNIX).connect("/tmp/elsewhere.sock")
+            socket.socket(socket.AF_UNIX).connect("/run/elsewhere.sock")
         except PermissionError:
             pass
         else:
@@ -238,14 +239,13 @@ async def test_syntax_errors_exit_statuses_and_crashed_threads_are_errors() -> N
     assert thread.endswith("KeyError: 'missing'")
 
 
-async def test_an_infinite_loop_times_out_and_its_process_group_is_killed(tmp_path: Path) -> None:
-    pid_file = tmp_path / "child.pid"
-    # The example starts a grandchild, records its pid outside the sandbox, then spins.
+async def test_an_infinite_loop_times_out_and_everything_it_started_is_killed() -> None:
+    marker = _marker()
+    # The example starts a grandchild (one that even leaves the process group), then spins.
     markdown = lesson(
         f"""
         import subprocess
-        child = subprocess.Popen(["sleep", "60"])
-        open({str(pid_file)!r}, "w").write(str(child.pid))
+        subprocess.Popen(["sleep", "{marker}"], start_new_session=True)
         while True:
             pass
         """
@@ -259,7 +259,7 @@ async def test_an_infinite_loop_times_out_and_its_process_group_is_killed(tmp_pa
     assert report.failures == (
         ExampleFailure(index=0, line=fence_line(markdown, 0), kind="timeout", message="timed out after 1s"),
     )
-    assert not _alive(int(pid_file.read_text()))
+    assert _running(marker) == []
 
 
 async def test_allocating_past_the_limit_is_a_memory_failure() -> None:
@@ -307,7 +307,8 @@ async def test_the_example_does_not_inherit_our_environment(monkeypatch: pytest.
 
     [failure] = (await check_markdown(markdown)).failures
 
-    assert failure.message == "secret= keys=['HOME', 'LANG', 'MALLOC_ARENA_MAX', 'PATH', 'TMPDIR']"
+    # PWD is bwrap's (the sandbox's working directory).
+    assert failure.message == "secret= keys=['HOME', 'LANG', 'MALLOC_ARENA_MAX', 'PATH', 'PWD', 'TMPDIR']"
 
 
 async def test_examples_run_concurrently_each_in_its_own_directory() -> None:
@@ -353,20 +354,19 @@ async def test_output_floods_and_background_children_do_not_hang_a_run() -> None
     assert time.monotonic() - started < 2
 
 
-async def test_cancelling_a_run_kills_its_examples_and_removes_their_directories(tmp_path: Path) -> None:
-    pid_file = tmp_path / "child.pid"
+async def test_cancelling_a_run_kills_its_examples() -> None:
+    marker = _marker()
     markdown = lesson(
         f"""
-        import os, subprocess
-        child = subprocess.Popen(["sleep", "60"])
-        open({str(pid_file)!r}, "w").write(f"{{os.getpid()}} {{child.pid}} {{os.getcwd()}}")
+        import subprocess
+        subprocess.Popen(["sleep", "{marker}"])
         while True:
             pass
         """
     )
     run = asyncio.create_task(check_markdown(markdown, timeout_s=30))
     deadline = time.monotonic() + 5
-    while not (pid_file.exists() and pid_file.read_text().count(" ") == 2):
+    while not _running(marker):
         assert time.monotonic() < deadline, "the example never started"
         await asyncio.sleep(0.02)
 
@@ -374,10 +374,10 @@ async def test_cancelling_a_run_kills_its_examples_and_removes_their_directories
     with pytest.raises(asyncio.CancelledError):
         await run
 
-    example_pid, child_pid, sandbox = pid_file.read_text().split()
-    assert not _alive(int(example_pid))
-    assert not _alive(int(child_pid))
-    assert not Path(sandbox).exists()
+    deadline = time.monotonic() + 2
+    while _running(marker) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # SIGKILL is asynchronous: the PID namespace empties a moment later
+    assert _running(marker) == []
 
 
 async def test_limits_must_be_positive() -> None:
@@ -386,10 +386,22 @@ async def test_limits_must_be_positive() -> None:
             await run_examples([Example(index=0, code="", line=1)], **limits)
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (an unreaped zombie does not count: it was killed)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+def _marker() -> str:
+    """A ``sleep`` argument no other process uses, so the host's /proc finds the example's children."""
+    return f"{3000 + secrets.randbelow(10**6) / 10**6:.6f}"
+
+
+def _running(marker: str) -> list[int]:
+    """Host pids of live (not zombie) ``sleep <marker>`` processes, whatever namespace they run in."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if argv[:2] == [b"sleep", marker.encode()] and state != "Z":
+            found.append(int(entry.name))
+    return found
