@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 from temporalio.client import Client
@@ -53,12 +53,14 @@ class PeopleActivities:
         self.client = client
 
     def keys(self) -> Keys:
-        """The registry's keys as of now; outside dev mode a demo key is treated as revoked (with why)."""
+        """The registry's keys as of now, and the issued-at window; outside dev mode a demo key is treated as
+        revoked (with why)."""
         registry = self.recorder.key_registry()
         if not self.settings.dev:
             demo = demo_public_keys()
             registry = {kid: _refused_demo(k) if k.public_key in demo else k for kid, k in registry.items()}
-        return Keys(registry=registry, verify=verify)
+        window = timedelta(seconds=self.settings.decision_window_seconds)
+        return Keys(registry=registry, verify=verify, window=window)
 
     @activity.defn(name=Activity.PEOPLE_RECORD_BATCH)
     def record_batch(self, inp: RecordDecisionsInput) -> list[StoredEvent]:

@@ -10,6 +10,7 @@ with ``HUMAN_LOAD``. ``approver_keys`` is the append-only log of the keys people
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Final
 
 from sqlalchemy import Connection, Engine, Text, any_, bindparam, delete, func, select, text
@@ -50,6 +51,8 @@ _QUEUE_OPEN: Final = text(
 _OPEN_BY_PROJECT: Final = select(human_queue.c.scope, func.count()).group_by(human_queue.c.scope)
 
 _KEY_LOG: Final = select(approver_keys).order_by(approver_keys.c.seq)
+# When this database began keeping every decision's signature (revision 0006; the owner's function).
+_SIGNED_SINCE: Final = text("SELECT ledger_decisions_signed_since()")
 # Serialises the read and the revoke of one key id: two revokers never both append a revoke.
 _KEY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext('approver_key:' || :key_id))")
 
@@ -144,6 +147,13 @@ class ApprovalStore:
             }
             conn.execute(approver_keys.insert().values(**row))
             return registry(dict(r._mapping) for r in conn.execute(_KEY_LOG)).get(key_id)
+
+    def decisions_signed_since(self) -> datetime:
+        """Since when every recorded decision carries its signed message and signature (revision 0006): the
+        audit fails a decision recorded since without them, and only flags an older one."""
+        with translated(), self._reader.connect() as conn:
+            since: datetime = conn.execute(_SIGNED_SINCE).scalar_one()
+            return since
 
     def key_registry(self) -> dict[str, KeyRecord]:
         """Every registered key, as of now (folded from the registry's log)."""

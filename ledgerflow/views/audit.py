@@ -8,6 +8,10 @@
 * **accounts** — budget accounts are enforcement state updated in the same transactions as the events; the
   events are the record. A task's account must equal the fold of its events; a project's or episode's, the
   sum over every task in it (``audit_budget``);
+* **people's decisions** — every recorded ``HumanDecision`` re-verified: its stored signature over its
+  stored message, with the key the registry held as of its arrival, the message saying what the event says,
+  its issued-at within the window (``audit_signatures``, ``rules.people.reverify``). A decision recorded
+  before decisions kept their signature is flagged, not failed;
 * **histories** — every run of the task's workflow replays on today's workflow code (Temporal's Replayer);
   a history Temporal no longer holds (retention) is reported, not failed;
 * **billing** (``--billing``) — every charge the vendors' own billing lists (``VendorAdapter.charges``) is
@@ -34,10 +38,12 @@ from ledger.recorder import Recorder
 from rules.envelope import StoredEvent
 from rules.money import vendor_amount
 from rules.operation import OperationRecord, fold_operations
+from rules.people import Keys, reverify
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import fold
 from rules.recompute import Divergence, Recomputation, audit_decisions
 from runtime.settings import ConfigError, Settings
+from runtime.signing import verify
 from vendors.adapter import ChargeListing, VendorAdapter, VendorCharge
 from vendors.errors import VendorError
 from vendors.routes import AdapterKind, RouteError, RouteTable, deployment_table
@@ -440,6 +446,32 @@ async def replay_task(client: Any, task_id: str) -> Replay:
     return out
 
 
+# ── people's decisions: re-verified ───────────────────────────────────────────────────────────────────
+@dataclass(frozen=True)
+class Signatures:
+    """A task's recorded decisions, re-verified against the key registry as of each one's arrival."""
+
+    verified: int
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def audit_signatures(
+    task_id: str, events: Sequence[StoredEvent], keys: Keys, signed_since: datetime | None
+) -> Signatures:
+    """Re-verify every ``HumanDecision`` of the task (``rules.people.reverify``), each against the fold of
+    the events before it."""
+    decisions = [e for e in events if e.type == "HumanDecision"]
+    if not decisions:
+        return Signatures(0)
+    p = fold(list(events))
+    found = [reverify(task_id, e, p, keys, signed_since) for e in decisions]
+    problems = tuple(f.problem for f in found if f.problem is not None)
+    notes = tuple(f.note for f in found if f.note is not None)
+    verified = sum(1 for f in found if f.problem is None)
+    return Signatures(verified, problems, notes)
+
+
 # ── one task, and many ────────────────────────────────────────────────────────────────────────────────
 @dataclass
 class TaskAudit:
@@ -448,10 +480,12 @@ class TaskAudit:
     accounts: list[Check]
     replay: Replay | None = None
     billing: Billing | None = None  # the task's own, in a one-task audit with --billing
+    signatures: Signatures | None = None  # people's decisions, re-verified
 
     def problems(self) -> list[str]:
         """Every problem, the decisions' first (the first divergence leads)."""
         out = [str(d) for d in self.decisions.divergences]
+        out += list(self.signatures.problems) if self.signatures else []
         out += [str(c) for c in self.accounts if not c.ok]
         out += self.replay.failures if self.replay else []
         out += self.billing.problems() if self.billing else []
@@ -460,6 +494,7 @@ class TaskAudit:
     def notes(self) -> list[str]:
         out = [f"today's table would decide differently: {d}" for d in self.decisions.today]
         out += list(self.decisions.notes)
+        out += list(self.signatures.notes) if self.signatures else []
         out += self.replay.notes if self.replay else []
         out += self.billing.notes() if self.billing else []
         return out
@@ -475,6 +510,8 @@ class TaskAudit:
             _count(d.llm, "LLM decision") + " re-validated",
             "accounts equal" if all(c.ok for c in self.accounts) else "accounts differ",
         ]
+        if self.signatures is not None and (self.signatures.verified or self.signatures.problems):
+            parts.insert(2, _count(self.signatures.verified, "signed decision") + " re-verified")
         if self.replay is not None:
             parts.append(_count(self.replay.replayed, "history", "histories") + " replayed")
         if self.billing is not None:
@@ -491,6 +528,7 @@ class TaskAudit:
             "today_differs": [d.as_json() for d in self.decisions.today],
             "accounts_equal": all(c.ok for c in self.accounts),
             "accounts": [c.as_json() for c in self.accounts],
+            "signed_decisions_verified": self.signatures.verified if self.signatures else None,
             "histories_replayed": self.replay.replayed if self.replay else None,
             "replay_failures": self.replay.failures if self.replay else [],
             "billing": self.billing.as_json() if self.billing else None,
@@ -583,6 +621,10 @@ async def audit(
     ops: list[OperationRecord] = []
     started: list[datetime] = []
     planner = Decimal(0)  # the LLM planner's calls: inference, like the review's
+    # The key registry (with every key's added and revoked times) and the window, read once for every task.
+    window = timedelta(seconds=settings.decision_window_seconds)
+    keys = Keys(await asyncio.to_thread(recorder.key_registry), verify, window)
+    signed_since = await asyncio.to_thread(recorder.decisions_signed_since)
     for tid in ids:
         events = await asyncio.to_thread(recorder.read_events, tid)
         if not events:
@@ -594,7 +636,8 @@ async def audit(
         decided = await asyncio.to_thread(_decisions, events)
         accounts = await asyncio.to_thread(audit_budget, recorder, tid, folded)
         replay = await replay_task(client, tid)
-        audits.append(TaskAudit(tid, decided, accounts, replay))
+        signatures = await asyncio.to_thread(audit_signatures, tid, events, keys, signed_since)
+        audits.append(TaskAudit(tid, decided, accounts, replay, signatures=signatures))
         if billing:
             ops.extend(operations(tid, events).values())
             started.append(events[0].recorded_at)

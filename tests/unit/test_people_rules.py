@@ -192,6 +192,12 @@ def test_a_valid_decision_is_accepted_with_its_id() -> None:
         note="ship it",
         decision_id=p["decision_id"],
         key_id="demo-director",
+        # what was signed is recorded with it (issue 24 §3), and when it arrived
+        signed=canonical(
+            TASK, p["decision_id"], rid, "approve", "director", "demo-director", None, None, "ship it"
+        ),
+        signature=p["signature"],
+        received_at=h.now,
     )
     assert ruling.raise_ceiling is None and ruling.node == "a"
 

@@ -79,7 +79,8 @@ async def test_a_reviewer_approves_in_the_browser_signing_there_and_the_task_mov
     assert sent["approver"] == "director" and sent["key_id"] == "demo-director"
     assert (sent["decision"], sent["amount"], sent["scope"]) == ("approve", None, None)
     fields = [sent[f] for f in ("decision_id", "request_id", "decision", "approver", "key_id")]
-    assert verify(key.public_key, canonical(tid, *fields, None, None, sent["note"]), sent["signature"])
+    signed = canonical(tid, *fields, None, None, sent["note"], sent["issued_at"])  # v3: with issued-at
+    assert verify(key.public_key, signed, sent["signature"])
     events = lf.recorder.read_events(tid)
     decisions = [d for d in map(parse, events) if isinstance(d, HumanDecision)]
     assert [(d.decision_id, d.approver, d.note) for d in decisions] == [

@@ -27,10 +27,11 @@ const forgetKey = (approver) => idb("readwrite", (s) => s.delete(approver));
 
 // The signed message: must stay byte for byte equal to canonical() in rules/people.py (the worker verifies
 // against that). A version line, then one field per line; the note (the only field that may hold newlines)
-// comes last.
+// comes last. v3: the time it was signed (this browser's clock, ISO 8601 UTC) before the note; the worker
+// refuses a decision that reaches it outside a window of that time (a replay, or a clock far off).
 function canonical(taskId, d) {
-  return ["ledgerflow-decision-v2", taskId, d.decision_id, d.request_id, d.decision, d.approver, d.key_id,
-    d.amount || "", d.scope || "", d.note].join("\n");
+  return ["ledgerflow-decision-v3", taskId, d.decision_id, d.request_id, d.decision, d.approver, d.key_id,
+    d.amount || "", d.scope || "", d.issued_at, d.note].join("\n");
 }
 
 const hex = (buffer) => Array.from(new Uint8Array(buffer), (b) => b.toString(16).padStart(2, "0")).join("");
@@ -79,6 +80,7 @@ async function sign(taskId, form, record) {
     note: fields.note.value,
     amount: budget ? fields.amount.value.trim() : null,
     scope: budget ? fields.scope.value : null,
+    issued_at: new Date().toISOString(),
   };
   if (budget && !/^[0-9]{1,12}(\.[0-9]{1,12})?$/.test(d.amount)) {
     throw new Error("the amount must be a positive decimal number, like 2.5");
