@@ -13,14 +13,17 @@ header (a tool), a small page otherwise; never a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
+from anyio import to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -30,12 +33,22 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from artifacts import ArtifactError, ArtifactMissing, ArtifactStore, open_store, store_for_uri
+from artifacts import ArtifactError, ArtifactMissing, ArtifactStore, open_store
 from ledger.errors import LedgerUnavailable
 from ledgerflow.client import ClientError
 from ledgerflow.review import views
-from ledgerflow.review.auth import CSRF_FIELD, Auth, AuthError, Identity, RateLimiter, Session, client_of
+from ledgerflow.review.auth import (
+    CSRF_FIELD,
+    Auth,
+    AuthError,
+    Identity,
+    RateLimiter,
+    Session,
+    client_of,
+    session_secret,
+)
 from ledgerflow.views import people
+from ledgerflow.views.queue import group
 from rules.people import parse_decision
 from rules.plan import ID_PATTERN
 from rules.projection import TaskState
@@ -64,11 +77,15 @@ def create_app(
     relay_timeout: float = people.POLL_SECONDS,
     login_rate: tuple[int, float] = (5, 12.0),
     decision_rate: tuple[int, float] = (10, 6.0),
+    scopes: Mapping[str, Sequence[str]] | None = None,
 ) -> FastAPI:
     """The reviewer app.
 
+    ConfigError (one line) outside dev mode without ``LEDGERFLOW_REVIEW_SESSION_SECRET``: every replica signs
+    and checks session cookies with it.
+
     Args:
-        settings: Where the ledger, Temporal and the artifact store are.
+        settings: Where the ledger, Temporal and the artifact store are, and the session secret.
         tokens: Approver name -> login token; default ``settings.review_token_map()``.
         trusted_header: For a deployment behind an authenticating proxy (OIDC, …): the request header in
             which the proxy passes the user's approver name, trusted as is. Only set it when the proxy strips
@@ -78,8 +95,16 @@ def create_app(
         login_rate: (burst, seconds per further attempt) of login attempts and bad bearer tokens, per client
             address.
         decision_rate: (burst, seconds per further decision) of decisions, per approver.
+        scopes: Approver name -> the scopes their login may see (``*``, ``project:P``, ``episode:P/E``,
+            ``task:T``, as an approver key's); an approver without an entry sees nothing. None (the default):
+            every login sees every project.
     """
-    auth = Auth(settings.review_token_map() if tokens is None else tokens, trusted_header)
+    auth = Auth(
+        settings.review_token_map() if tokens is None else tokens,
+        trusted_header,
+        scopes,
+        secret=session_secret(settings),  # shared by replicas; outside dev mode required (ConfigError)
+    )
     logins = RateLimiter(*login_rate)
     decisions = RateLimiter(*decision_rate)
     templates = Jinja2Templates(directory=HERE / "templates")
@@ -134,6 +159,25 @@ def create_app(
         if identity is None:
             raise AuthError(401, "not logged in: send Authorization: Bearer <token>")
         return identity
+
+    def check_covers(identity: Identity, task_id: str) -> None:
+        """AuthError 403 unless ``identity``'s scopes cover the task (blocking: a ledger read)."""
+        if auth.sees_everything(identity.approver):
+            return
+        if not auth.covers(identity.approver, views.task_chain(settings, task_id)):
+            scopes = ", ".join(auth.scopes(identity.approver)) or "none"
+            raise AuthError(403, f"task {task_id} is outside {identity.approver}'s scopes ({scopes})")
+
+    def visible_queue(identity: Identity) -> list[dict[str, Any]]:
+        """The open requests of the tasks ``identity``'s scopes cover (blocking: ledger reads)."""
+        groups = people.queue(settings)
+        if not auth.sees_everything(identity.approver):
+            tasks = {item.task_id for g in groups for item in g}
+            chains = views.task_chains(settings, tasks)
+            seen = {t for t, chain in chains.items() if auth.covers(identity.approver, chain)}
+            items = [item for g in groups for item in g if item.task_id in seen]
+            groups = group(items)
+        return people.queue_json(groups)
 
     def failure(
         request: Request, status: int, message: str, headers: dict[str, str] | None = None
@@ -222,6 +266,9 @@ def create_app(
         form = await request.form()
         csrf = form.get(CSRF_FIELD)
         auth.check_csrf(request, None, csrf if isinstance(csrf, str) else "")
+        session = auth.session(request)
+        if session is not None:
+            auth.revoke(session)  # a copy of this cookie is refused from now on
         response = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
         auth.set_cookie(request, response, Session.new())
         return response
@@ -231,13 +278,14 @@ def create_app(
     @app.get("/queue")
     def queue_page(request: Request) -> Response:
         identity = page_identity(request)
-        rows = people.queue_json(people.queue(settings))
+        rows = visible_queue(identity)
         return render(request, "queue.html", {"rows": rows, "now": datetime.now(UTC)}, identity=identity)
 
     @app.get("/requests/{task_id}/{request_id:path}")
     def request_page(request: Request, task_id: str, request_id: str) -> Response:
         identity = page_identity(request)
         check_task_id(task_id)
+        check_covers(identity, task_id)
         detail = people.request(settings, task_id, request_id)
         choices = views.budget_choices(settings, task_id, request_id)
         shown = []
@@ -258,19 +306,24 @@ def create_app(
 
     @app.get("/artifacts/{task_id}/{sha256}")
     def artifact(request: Request, task_id: str, sha256: str) -> Response:
-        api_identity(request)
+        identity = api_identity(request)
         check_task_id(task_id)
+        check_covers(identity, task_id)
         if not _SHA256.fullmatch(sha256):
             raise HTTPException(404, f"{sha256[:80]!r} is not an artifact's sha256")
         ref = views.find_artifact(settings, task_id, sha256)
         if ref is None:
             raise HTTPException(404, f"task {task_id} has no artifact {sha256[:16]}…")
+        what = f"artifact {sha256[:16]}… of task {task_id}"
+        if not views.in_store(store(), ref["uri"]):
+            raise HTTPException(404, f"{what} is not in the configured artifact store")
         try:
-            chunks = store_for_uri(ref["uri"], [store()]).open_read(ref["uri"])
+            chunks = store().open_read(ref["uri"])
         except ArtifactMissing:
             raise HTTPException(404, f"artifact {sha256[:16]}… is missing from the store") from None
         except ArtifactError as e:
             raise HTTPException(404, str(e)) from None
+        size = ref["size"] if isinstance(ref.get("size"), int) and ref["size"] > 0 else None
         content_type = views.media_type(ref)
         headers = {
             "Content-Disposition": "inline" if views.element(content_type) else "attachment",
@@ -278,21 +331,22 @@ def create_app(
             "Content-Security-Policy": "sandbox; default-src 'none'",
             "Cache-Control": "private, max-age=3600",  # content-addressed: the bytes never change
         }
-        if isinstance(ref.get("size"), int) and ref["size"] > 0:
-            headers["Content-Length"] = str(ref["size"])
-        return StreamingResponse(chunks, media_type=content_type, headers=headers)
+        if size is not None:
+            headers["Content-Length"] = str(size)
+        body = views.verified(chunks, sha256, size, f"{what} at {ref['uri']}")
+        return StreamingResponse(body, media_type=content_type, headers=headers)
 
     # ── the JSON API ─────────────────────────────────────────────────────────────────────────────────
 
     @app.get("/api/queue")
     def api_queue(request: Request) -> Response:
-        api_identity(request)
-        return JSONResponse(people.queue_json(people.queue(settings)))
+        return JSONResponse(visible_queue(api_identity(request)))
 
     @app.get("/api/requests/{task_id}/{request_id:path}")
     def api_request(request: Request, task_id: str, request_id: str) -> Response:
-        api_identity(request)
+        identity = api_identity(request)
         check_task_id(task_id)
+        check_covers(identity, task_id)
         detail = people.request(settings, task_id, request_id)
         choices = views.budget_choices(settings, task_id, request_id)
         body = {**detail, "budget_scopes": choices.scopes, "default_scope": choices.default}
@@ -313,8 +367,14 @@ def create_app(
                 403,
                 f"you are {identity.approver}: a decision signed as {parsed.approver} is not yours to send",
             )
-        # relay's ledger reads are short and synchronous; between them it sleeps, so the loop serves others.
-        sent = await people.relay(settings, task_id, payload, timeout=relay_timeout)
+        await to_thread.run_sync(check_covers, identity, task_id)
+
+        def relay() -> people.Sent:
+            # relay reads the ledger synchronously (a fold, then polls): on a thread of its own, with its own
+            # loop, so a slow or locked ledger never stalls the page's event loop for everyone else.
+            return asyncio.run(people.relay(settings, task_id, payload, timeout=relay_timeout))
+
+        sent = await to_thread.run_sync(relay)
         body = {
             "decision_id": sent.decision_id,
             "status": sent.status,

@@ -8,26 +8,38 @@ match wins:
 * the ``trusted_header`` of ``create_app`` (an authenticating proxy, e.g. OIDC, puts the user's name in it);
 * the session cookie set at login.
 
-The session cookie is signed with a random per-process secret (itsdangerous): restarting the page logs
-everyone out, and nothing needs configuring. It always carries a CSRF token, also before login, so the login
-form itself is protected; a state-changing request identified by cookie or trusted header must echo that token
-(form field ``csrf_token`` or header ``X-CSRF-Token``).
+The session cookie is signed (itsdangerous) with ``LEDGERFLOW_REVIEW_SESSION_SECRET`` (``session_secret``):
+the same secret on every replica, so a cookie one replica set is good on the others. Outside dev mode the page
+does not start without it; in dev mode, unset, each process makes a random one (a restart logs everyone out).
+Logging out revokes the session's id in this process, so a copy of the cookie is refused afterwards by this
+replica — not yet by the others (revocation is in memory; a shared store is issue 24 §4's remainder).
+
+The cookie always carries a CSRF token, also before login, so the login form itself is protected; a
+state-changing request identified by cookie or trusted header must echo that token (form field
+``csrf_token`` or header ``X-CSRF-Token``).
+
+A login sees only the tasks its approver's scopes cover (``*``, ``project:P``, ``episode:P/E``, ``task:T``,
+as an approver key's; ``LEDGERFLOW_REVIEW_SCOPES``); without that setting every login sees every project.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import Request
 from starlette.responses import Response
+
+from rules.approvers import ANY, SCOPE, covers_any
+from runtime.settings import ConfigError, Settings
 
 COOKIE: Final = "ledgerflow_review"
 SESSION_SECONDS: Final = 12 * 3600
@@ -38,14 +50,16 @@ APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # rules.people's approver
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """What the cookie holds: the approver once logged in (None before), and the session's CSRF token."""
+    """What the cookie holds: the approver once logged in (None before), the session's CSRF token, and its
+    id (what a logout revokes)."""
 
     approver: str | None
     csrf: str
+    sid: str = ""
 
     @staticmethod
     def new(approver: str | None = None) -> Session:
-        return Session(approver=approver, csrf=secrets.token_urlsafe(32))
+        return Session(approver=approver, csrf=secrets.token_urlsafe(32), sid=secrets.token_urlsafe(16))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +131,81 @@ class RateLimiter:
             )
 
 
-class Auth:
-    """Tokens, sessions and CSRF for one app (its secret lives and dies with the process)."""
+MIN_SECRET: Final = 32  # characters of LEDGERFLOW_REVIEW_SESSION_SECRET
 
-    def __init__(self, tokens: Mapping[str, str], trusted_header: str | None = None) -> None:
+
+def session_secret(settings: Settings) -> bytes:
+    """The key session cookies are signed with: ``LEDGERFLOW_REVIEW_SESSION_SECRET`` (shared by replicas), or
+    in dev mode, when unset, a random one for this process. ConfigError (one line, naming no secret) if it is
+    unset outside dev mode or shorter than 32 characters."""
+    if settings.review_session_secret is None:
+        if settings.dev:
+            return secrets.token_bytes(32)
+        raise ConfigError(
+            "LEDGERFLOW_REVIEW_SESSION_SECRET is not set: the reviewer page signs session cookies with it "
+            f"({MIN_SECRET}+ random characters, the same on every replica; e.g. `openssl rand -base64 48`)"
+        )
+    secret = settings.review_session_secret.get_secret_value()
+    if len(secret) < MIN_SECRET:
+        raise ConfigError(f"LEDGERFLOW_REVIEW_SESSION_SECRET must be {MIN_SECRET}+ characters")
+    return secret.encode()
+
+
+class Auth:
+    """Tokens, sessions and CSRF for one app. Cookies are signed with ``secret`` (``session_secret``: shared
+    by replicas); None, a random one for this process only."""
+
+    MAX_REVOKED: Final = 100_000
+
+    def __init__(
+        self,
+        tokens: Mapping[str, str],
+        trusted_header: str | None = None,
+        scopes: Mapping[str, Sequence[str]] | None = None,
+        clock: Callable[[], float] = time.time,
+        secret: bytes | None = None,
+    ) -> None:
         self._tokens = dict(tokens)
         self.trusted_header = trusted_header.lower() if trusted_header else None
-        self._serializer = URLSafeTimedSerializer(secrets.token_bytes(32), salt="ledgerflow-review-session")
+        key = secret if secret is not None else secrets.token_bytes(32)
+        self._serializer = URLSafeTimedSerializer(key, salt="ledgerflow-review-session")
+        # None: every approver sees everything. Else an approver without an entry sees nothing.
+        self._scopes = None if scopes is None else {a: tuple(s) for a, s in scopes.items()}
+        self._revoked: dict[str, float] = {}  # session id -> when its cookie expires anyway
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    # ── scopes ───────────────────────────────────────────────────────────────────────────────────────
+
+    def scopes(self, approver: str) -> tuple[str, ...]:
+        """What ``approver``'s login may see, as an approver key's scopes (``*``: everything)."""
+        return (ANY,) if self._scopes is None else self._scopes.get(approver, ())
+
+    def sees_everything(self, approver: str) -> bool:
+        return ANY in self.scopes(approver)
+
+    def covers(self, approver: str, chain: Sequence[str]) -> bool:
+        """Whether ``approver``'s login covers a task whose budget scopes are ``chain`` (outermost first),
+        as ``rules.approvers.covers_any`` decides for a key and the task's own scope."""
+        return bool(chain) and covers_any(self.scopes(approver), chain[-1], chain)
+
+    # ── logout ───────────────────────────────────────────────────────────────────────────────────────
+
+    def revoke(self, session: Session) -> None:
+        """Refuse ``session``'s cookie from now on (until it would have expired anyway). In memory, so in
+        this process only: another replica sharing the secret still accepts the cookie until it expires
+        (12 h), and a restart forgets the revocation (issue 24 §4: a shared revocation store is not done)."""
+        if not session.sid:
+            return
+        now = self._clock()
+        with self._lock:
+            if len(self._revoked) >= self.MAX_REVOKED:
+                self._revoked = {sid: until for sid, until in self._revoked.items() if until > now}
+            self._revoked[session.sid] = now + SESSION_SECONDS
+
+    def _is_revoked(self, sid: str) -> bool:
+        with self._lock:
+            return sid in self._revoked
 
     def approver_for(self, token: str) -> str | None:
         """The approver whose token this is. Every token is compared (in constant time), not just until
@@ -144,15 +226,23 @@ class Auth:
             data: Any = self._serializer.loads(raw, max_age=SESSION_SECONDS)
         except BadSignature:  # also an expired one (SignatureExpired is a BadSignature)
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("c"), str):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("c"), str)
+            or not isinstance(data.get("s"), str)
+        ):
             return None
+        if self._is_revoked(data["s"]):
+            return None  # logged out
         approver = data.get("a")
-        return Session(approver=approver if isinstance(approver, str) else None, csrf=data["c"])
+        return Session(
+            approver=approver if isinstance(approver, str) else None, csrf=data["c"], sid=data["s"]
+        )
 
     def set_cookie(self, request: Request, response: Response, session: Session) -> None:
         response.set_cookie(
             COOKIE,
-            self._serializer.dumps({"a": session.approver, "c": session.csrf}),
+            self._serializer.dumps({"a": session.approver, "c": session.csrf, "s": session.sid}),
             max_age=SESSION_SECONDS,
             httponly=True,
             samesite="strict",
@@ -194,5 +284,35 @@ class Auth:
 
 
 def client_of(request: Request) -> str:
-    """The peer's address (behind a proxy: the proxy's, which then limits everyone together)."""
+    """The client's address: the peer's, or behind a trusted proxy the address the proxy forwarded (uvicorn
+    rewrites the peer from X-Forwarded-For only when the peer is one of ``--forwarded-allow-ips``)."""
     return request.client.host if request.client is not None else "unknown"
+
+
+def parse_scopes(text: str) -> dict[str, tuple[str, ...]]:
+    """``LEDGERFLOW_REVIEW_SCOPES``: a JSON object of approver name -> list of scopes, each ``*``,
+    ``project:P``, ``episode:P/E`` or ``task:T`` (an approver key's scopes). ConfigError (one line) if not."""
+    problem = (
+        "LEDGERFLOW_REVIEW_SCOPES must be a JSON object of approver name -> list of scopes "
+        "(*, project:P, episode:P/E, task:T)"
+    )
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ConfigError(problem) from None
+    if not isinstance(data, dict) or not all(
+        isinstance(name, str)
+        and APPROVER.fullmatch(name)
+        and isinstance(scopes, list)
+        and all(isinstance(s, str) and SCOPE.fullmatch(s) for s in scopes)
+        for name, scopes in data.items()
+    ):
+        raise ConfigError(problem)
+    return {name: tuple(scopes) for name, scopes in data.items()}
+
+
+def scopes_from(settings: Settings) -> dict[str, tuple[str, ...]] | None:
+    """The scopes ``LEDGERFLOW_REVIEW_SCOPES`` (``Settings.review_scopes``) gives each token's approver; None
+    if it is not set (every token then sees every project, as before scopes)."""
+    text = (settings.review_scopes or "").strip()
+    return parse_scopes(text) if text else None

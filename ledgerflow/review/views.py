@@ -1,4 +1,4 @@
-"""What the reviewer page reads: a request's budget choices, and the artifacts a task's ledger names.
+"""What the reviewer page reads: a request's budget choices, and the artifacts a task's fold registered.
 
 The queue and the request detail themselves come from ``ledgerflow.views.people`` (the CLI's views).
 Everything here is synchronous and hits Postgres: the app calls it from a thread pool.
@@ -6,13 +6,22 @@ Everything here is synchronous and hits Postgres: the app calls it from a thread
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import mimetypes
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, NoReturn
 from urllib.parse import urlparse
 
+from artifacts import ArtifactCorrupt, ArtifactError, ArtifactStore, LocalStore, S3Store
+from artifacts.local import path_of
+from artifacts.s3 import split_s3_uri
 from ledgerflow import client
+from ledgerflow.client import ClientError
+from rules.events import TaskCreated, parse
 from rules.plan import budget_scopes
 from rules.projection import fold
 from runtime.settings import Settings
@@ -37,6 +46,7 @@ MEDIA_TYPES: Final = {
     "webp": "image/webp",
 }
 OCTET_STREAM: Final = "application/octet-stream"
+log = logging.getLogger("ledgerflow.review")
 _SHOWN: Final = frozenset(MEDIA_TYPES.values())
 
 
@@ -58,27 +68,93 @@ def budget_choices(settings: Settings, task_id: str, request_id: str) -> BudgetC
     return BudgetChoices(scopes, refused if refused in scopes else scopes[-1])
 
 
+def task_chain(settings: Settings, task_id: str) -> list[str]:
+    """The task's budget scopes, outermost first (``project:P``, ``episode:P/E``, ``task:T``): what a login's
+    scopes are checked against. ClientError if there is no such task."""
+    chain = task_chains(settings, [task_id]).get(task_id)
+    if chain is None:
+        raise ClientError(f"no task {task_id!r} in the ledger")
+    return chain
+
+
+def task_chains(settings: Settings, task_ids: Iterable[str]) -> dict[str, list[str]]:
+    """Each task's budget scopes, from its first event (the plan it was created with); a task the ledger
+    does not hold is left out. One connection for all of them."""
+    rec = client.recorder(settings)
+    try:
+        out: dict[str, list[str]] = {}
+        for task_id in task_ids:
+            first = rec.read_events(task_id, limit=1)
+            if first and isinstance(created := parse(first[0]), TaskCreated):
+                out[task_id] = [scope for scope, _ in budget_scopes(created.plan, task_id)]
+        return out
+    finally:
+        rec.dispose()
+
+
 def find_artifact(settings: Settings, task_id: str, sha256: str) -> dict[str, Any] | None:
-    """The artifact reference with this sha256 that the task's ledger records, if any: the page serves only
-    what a task it shows produced or used, never an arbitrary URI. ClientError if there is no such task."""
-    for stored in client.events(settings, task_id):
-        for ref in _refs(stored.payload):
-            if ref["sha256"] == sha256:
-                return ref
+    """The artifact with this sha256 that the task's fold registered, if any: a node's output (made, or
+    reused), which is also what every stage downstream receives through ``inputs:``. Nothing else in the
+    ledger names an artifact the page may serve: a value that merely looks like a reference (a ``uri`` and a
+    ``sha256`` in a plan's free ``input``, say) is what someone typed, not what a worker stored. ClientError
+    if there is no such task."""
+    p = fold(client.events(settings, task_id))
+    for node in p.nodes.values():
+        for output in node.outputs:
+            if output.artifact.get("sha256") == sha256:
+                return output.artifact
     return None
 
 
-def _refs(value: Any) -> Iterator[dict[str, Any]]:
-    """Every artifact reference (a mapping with a ``uri`` and a ``sha256``) anywhere in an event payload."""
-    if isinstance(value, dict):
-        if isinstance(value.get("uri"), str) and isinstance(value.get("sha256"), str):
-            yield value
-            return
-        for v in value.values():
-            yield from _refs(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _refs(v)
+def in_store(store: ArtifactStore, uri: str) -> bool:
+    """Whether ``uri`` lies inside ``store`` as configured: under the local store's root (after ``..`` and
+    symlinks are resolved), or in the S3 store's bucket under its prefix. The stores themselves read any URI
+    of their kind (an earlier root's, another prefix's); the page serves only the configured store's."""
+    try:
+        if isinstance(store, LocalStore):
+            path = Path(os.path.realpath(path_of(uri)))
+            return path.is_relative_to(store.root) and path != store.root
+        if isinstance(store, S3Store):
+            bucket, key = split_s3_uri(uri)
+            parts = key.split("/")
+            if bucket != store.bucket or any(part in ("", ".", "..") for part in parts):
+                return False
+            return not store.prefix or key.startswith(f"{store.prefix}/")
+    except (ArtifactError, ValueError):
+        return False
+    return False
+
+
+def verified(chunks: Iterable[bytes], sha256: str, size: int | None, what: str) -> Iterator[bytes]:
+    """``chunks`` as they come, checked against the recorded ``sha256`` (and ``size``, if recorded).
+
+    The last chunk is held back until the whole stream has hashed to ``sha256``: bytes that do not match
+    never arrive whole. A mismatch (or more bytes than recorded) is logged as an error naming ``what`` and
+    raised as ArtifactCorrupt, which makes the server break the connection instead of ending the response
+    as if it were fine (the client sees a body cut short)."""
+    digest = hashlib.sha256()
+    total = 0
+    held: bytes | None = None
+    for chunk in chunks:
+        total += len(chunk)
+        if size is not None and total > size:
+            _corrupt(what, f"holds more than the {size} bytes recorded")
+        digest.update(chunk)
+        if held is not None:
+            yield held
+        held = chunk
+    if digest.hexdigest() != sha256:
+        _corrupt(what, f"does not hash to its sha256 (the store's bytes hash to {digest.hexdigest()[:16]}…)")
+    if size is not None and total != size:
+        _corrupt(what, f"holds {total} bytes, not the {size} recorded")
+    if held is not None:
+        yield held
+
+
+def _corrupt(what: str, problem: str) -> NoReturn:
+    message = f"{what} {problem}: the response was ended before its last bytes"
+    log.error(message)
+    raise ArtifactCorrupt(message)
 
 
 def media_type(artifact: dict[str, Any]) -> str:

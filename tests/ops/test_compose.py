@@ -4,12 +4,14 @@ The compose file is validated against the Compose Specification's JSON schema (t
 vendors: ``--builtin-schema vendor.compose-spec``), as written and after compose's interpolation, and its
 topology is asserted: the admin-tools schema job (no auto-setup), a migration job the workers wait for, worker
 health checks on /healthz, the simulator in its profile only, the S3 store and its bucket job, pinned images,
-secrets without defaults. The private CA the S3 store's TLS rests on is exercised for real: moto's S3 server
+secrets without defaults, nothing of the object store published, the workers' S3 identity scoped to the
+artifacts bucket. The private CA the S3 store's TLS rests on is exercised for real: moto's S3 server
 over https with its certificate, reached by ledgerflow's own S3 store through SSL_CERT_FILE.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -34,13 +36,19 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 LOCK = ROOT / "requirements.lock"
 PRIVATE_CA = ROOT / "ops" / "compose" / "private_ca.py"
+S3_IDENTITIES = ROOT / "ops" / "compose" / "s3_identities.py"
 
 # What the compose file requires from the environment; dummies for interpolating it here.
 SECRETS = {
-    "LEDGER_DB_PASSWORD": "ledger-db-secret",
+    "LEDGER_DB_ADMIN_PASSWORD": "ledger-db-admin-secret",
+    "LEDGER_OWNER_DB_PASSWORD": "ledger-owner-secret",
+    "LEDGER_WORKER_DB_PASSWORD": "ledger-worker-secret",
+    "LEDGER_OPERATOR_DB_PASSWORD": "ledger-operator-secret",
     "TEMPORAL_DB_PASSWORD": "temporal-db-secret",
-    "S3_ACCESS_KEY_ID": "s3-key-id",
-    "S3_SECRET_ACCESS_KEY": "s3-secret",
+    "S3_ADMIN_ACCESS_KEY_ID": "s3-admin-key-id",
+    "S3_ADMIN_SECRET_ACCESS_KEY": "s3-admin-secret",
+    "S3_WORKER_ACCESS_KEY_ID": "s3-worker-key-id",
+    "S3_WORKER_SECRET_ACCESS_KEY": "s3-worker-secret",
     "LEDGERFLOW_VENDOR_API_KEY": "vendor-key",
     "LEDGERFLOW_LLM_API_KEY": "llm-key",
 }
@@ -164,7 +172,7 @@ def test_no_secret_has_a_default_anywhere(compose: dict[str, Any]) -> None:
     # and interpolated, every secret reaches the services as given (nothing replaced it on the way)
     env = services(compose)["worker"]["environment"]
     assert env["LEDGERFLOW_VENDOR_API_KEY"] == SECRETS["LEDGERFLOW_VENDOR_API_KEY"]
-    assert env["PGPASSWORD"] == SECRETS["LEDGER_DB_PASSWORD"]
+    assert env["PGPASSWORD"] == SECRETS["LEDGER_WORKER_DB_PASSWORD"]  # the worker's own login (issue 24 §3)
     assert "LEDGERFLOW_ENV" not in env  # production: the worker refuses dev secrets and demo keys
 
 
@@ -213,7 +221,8 @@ def test_workers_start_after_the_migration_job_and_are_health_checked_on_healthz
 ) -> None:
     svc = services(compose)
     worker, migrate = svc["worker"], svc["migrate"]
-    assert command(migrate) == "ledgerflow db upgrade" and migrate["restart"] == "no"
+    assert command(migrate) == "/bin/sh -euc ledgerflow db upgrade && ledgerflow db roles"
+    assert migrate["restart"] == "no"
     assert depends(migrate) == {"ledger-db": "service_healthy"}
     assert migrate["image"] == worker["image"]  # the same release migrates and runs
     needs = depends(worker)
@@ -255,7 +264,7 @@ def test_workers_keep_artifacts_on_the_s3_service_whose_bucket_a_one_shot_job_cr
     assert endpoint and endpoint.group(1) in svc  # TLS: the store refuses http to anything but localhost
     s3 = svc[endpoint.group(1)]
     assert f"-s3.port={endpoint.group(2)}" in s3["command"]
-    assert s3["environment"]["AWS_ACCESS_KEY_ID"] == env["AWS_ACCESS_KEY_ID"] == SECRETS["S3_ACCESS_KEY_ID"]
+    assert env["AWS_ACCESS_KEY_ID"] == SECRETS["S3_WORKER_ACCESS_KEY_ID"]  # the bucket-scoped identity
     job = svc["s3-bucket"]
     assert f"s3.bucket.create -name {bucket}" in command(job) and job["image"] == s3["image"]
     assert depends(job) == {endpoint.group(1): "service_healthy"}
@@ -273,6 +282,87 @@ def test_workers_keep_artifacts_on_the_s3_service_whose_bucket_a_one_shot_job_cr
     trust = next(v.split(":")[1] for v in svc["worker"]["volumes"] if v.startswith("tls-trust:"))
     assert env["SSL_CERT_FILE"] == f"{trust}/bundle.pem" and volumes["tls-trust"] == trust
     assert not [n for n, s in svc.items() if n != "tls" and any("tls-ca" in v for v in s.get("volumes", []))]
+
+
+def test_no_object_store_port_is_published_and_only_the_temporal_ui_reaches_the_host(
+    compose: dict[str, Any],
+) -> None:
+    svc = services(compose)
+    published = {name: s["ports"] for name, s in svc.items() if s.get("ports")}
+    # the operator's view of the tasks; everything else (the CLI included) works inside the network
+    assert published == {"temporal-ui": ["127.0.0.1:8080:8080"]}, published
+    for name in ("seaweedfs", "s3-bucket", "s3-identities", "temporal", "ledger-db", "temporal-db"):
+        assert "ports" not in svc[name], name
+    s3 = svc["seaweedfs"]
+    assert "expose" not in s3 and s3.get("network_mode") is None  # not on the host's network either
+    assert not [a for a in s3["command"] if a.startswith(("-publicUrl", "-s3.allowedOrigins"))]
+
+
+def test_workers_hold_the_bucket_scoped_s3_identity_never_the_admins(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    svc = services(compose)
+    admin = {SECRETS["S3_ADMIN_ACCESS_KEY_ID"], SECRETS["S3_ADMIN_SECRET_ACCESS_KEY"]}
+    for name in ("worker", "cli"):
+        env = svc[name]["environment"]
+        assert env["AWS_ACCESS_KEY_ID"] == SECRETS["S3_WORKER_ACCESS_KEY_ID"], name
+        assert env["AWS_SECRET_ACCESS_KEY"] == SECRETS["S3_WORKER_SECRET_ACCESS_KEY"], name
+    # the admin's key reaches the job that writes the identities file, and nothing else
+    holders = [n for n, s in svc.items() if admin & {str(v) for v in s.get("environment", {}).values()}]
+    assert holders == ["s3-identities"], holders
+    # the store reads its identities from the file that job writes, before it starts
+    job, s3 = svc["s3-identities"], svc["seaweedfs"]
+    assert depends(s3)["s3-identities"] == "service_completed_successfully" and job["restart"] == "no"
+    (out,) = [a.removeprefix("--out=") for a in job["command"] if a.startswith("--out=")]
+    (config,) = [a.removeprefix("-s3.config=") for a in s3["command"] if a.startswith("-s3.config=")]
+    volume = next(v.split(":") for v in job["volumes"] if out.startswith(v.split(":")[1] + "/"))
+    mount = next(v.split(":") for v in s3["volumes"] if v.startswith(f"{volume[0]}:"))
+    assert mount[2] == "ro" and config == out.replace(volume[1], mount[1], 1)
+    (script,) = job["configs"]
+    assert compose["configs"][script["source"]]["file"] == "./ops/compose/s3_identities.py"
+    # what that file says, made by the same script with the job's interpolated environment
+    bucket = re.fullmatch(
+        r"s3://([a-z0-9.-]+)/\S+", svc["worker"]["environment"]["LEDGERFLOW_ARTIFACT_STORE"]
+    )
+    assert bucket and f"--bucket={bucket.group(1)}" in job["command"]
+    path = tmp_path / "iam" / "identities.json"
+    args = [a for a in job["command"][2:] if not a.startswith("--out=")] + [f"--out={path}"]
+    made = subprocess.run(
+        [sys.executable, str(S3_IDENTITIES), *args],
+        env={"PATH": os.environ.get("PATH", ""), **job["environment"]},
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    assert path.stat().st_mode & 0o077 == 0  # it holds secret keys
+    identities = {
+        cred["accessKey"]: (i["actions"], cred["secretKey"])
+        for i in json.loads(path.read_text())["identities"]
+        for cred in i["credentials"]
+    }
+    actions, secret = identities[SECRETS["S3_WORKER_ACCESS_KEY_ID"]]
+    assert secret == SECRETS["S3_WORKER_SECRET_ACCESS_KEY"]
+    # get, put and list in the artifacts bucket: no Admin, no other bucket, no ACLs, tagging or bucket ops
+    assert sorted(actions) == sorted(f"{a}:{bucket.group(1)}" for a in ("Read", "Write", "List"))
+    assert "Admin" in identities[SECRETS["S3_ADMIN_ACCESS_KEY_ID"]][0]
+
+
+def test_the_s3_identities_job_refuses_a_missing_secret_or_one_key_for_both(tmp_path: Path) -> None:
+    path = tmp_path / "identities.json"
+    run = [sys.executable, str(S3_IDENTITIES), f"--out={path}", "--bucket=ledgerflow"]
+    keys = {k: v for k, v in SECRETS.items() if k.startswith("S3_")}
+    base = {"PATH": os.environ.get("PATH", "")}
+    for env, says in (
+        (
+            {k: v for k, v in keys.items() if k != "S3_WORKER_SECRET_ACCESS_KEY"},
+            "set S3_WORKER_SECRET_ACCESS_KEY",
+        ),
+        ({**keys, "S3_ADMIN_ACCESS_KEY_ID": ""}, "set S3_ADMIN_ACCESS_KEY_ID"),
+        ({**keys, "S3_WORKER_ACCESS_KEY_ID": keys["S3_ADMIN_ACCESS_KEY_ID"]}, "must differ"),
+    ):
+        made = subprocess.run(run, env={**base, **env}, capture_output=True, text=True)
+        assert made.returncode == 2 and says in made.stderr and len(made.stderr.splitlines()) == 1
+        assert not path.exists()
 
 
 def test_every_image_is_pinned_to_a_version_tag(compose: dict[str, Any]) -> None:
