@@ -6,6 +6,13 @@ it cost (registered, if it finished meanwhile), a maybe-sent request is looked u
 anything else is an unknown outcome at the estimate. ``operation.sweep`` finds jobs a vendor created for a
 key after its operation was voided, and records their charges. A stage's own run ends its operation the same
 way when the workflow cancels it (``activities.stages``, which extends these activities).
+
+Closing is fenced like every other write of a run (issue 24 §7): it never sends anything new, but it decides
+an operation's one result and cancels its job, and a run that lost its task must do neither — the newer run
+adopted the operation and reconciles it itself. Every write a close makes is fenced by the closing run's epoch
+in the write's own statement, and the epoch is checked before the vendor is asked to cancel anything. A close
+carries its run's epoch when its executor gave up; at the task's end the workflow sends none, and the run's
+epoch is the lease's while that run (its Temporal run id) is the lease's holder.
 """
 
 from __future__ import annotations
@@ -23,10 +30,10 @@ from activities.contracts import Activity, CloseInput, StageInput, SweepInput
 from activities.operation import Operation
 from activities.outputs import Outputs, cancel
 from artifacts.store import ArtifactStore
-from ledger.errors import StaleEpoch
+from ledger.errors import LedgerError, StaleEpoch
 from ledger.recorder import Recorder
 from reconcile.operations import Next, OperationState, reconcile, stop_step
-from rules.envelope import StoredEvent
+from rules.envelope import NewEvent, StoredEvent
 from rules.events import FailureKind
 from rules.operation import OperationRecord, fold_operations
 from vendors.adapter import Capabilities, JobStatus, VendorAdapter, job_amount
@@ -39,6 +46,56 @@ CLOSE_VENDOR_ATTEMPTS = 6  # with CLOSE_RETRY's backoff: about half a minute of 
 # Framework work (compose, review, gate) has no route: nothing to look up, and only the review pays (a model
 # call, which cannot be looked up either).
 FRAMEWORK = Capabilities(can_lookup=False, can_cancel=False, synchronous=True, has_billing=False)
+
+
+class ClosingOperation(Operation):
+    """An operation being closed by its run: every write is fenced by that run's epoch, in the write's own
+    statement (StaleEpoch, and nothing written, for a run that lost the task meanwhile)."""
+
+    @classmethod
+    def of(cls, op: Operation) -> ClosingOperation:
+        if isinstance(op, ClosingOperation):
+            return op
+        closing = cls(
+            op.recorder,
+            task_id=op.task_id,
+            node=op.node,
+            key=op.key,
+            epoch=op.epoch,
+            estimate=op.estimate,
+            route=op.route,
+            pause_retry_s=op.pause_retry_s,
+        )
+        closing.breaker, closing.billing_off = op.breaker, op.billing_off
+        return closing
+
+    async def write(
+        self,
+        event: NewEvent,
+        *,
+        release: Decimal = Decimal(0),
+        spend: Decimal = Decimal(0),
+        fenced: bool = True,
+        unless_resolved: bool = False,
+        span_name: str = "ledger.append",
+    ) -> tuple[StoredEvent, bool]:
+        return await super().write(
+            event,
+            release=release,
+            spend=spend,
+            fenced=True,
+            unless_resolved=unless_resolved,
+            span_name=span_name,
+        )
+
+    async def check_fence(self) -> None:
+        """StaleEpoch unless this run's epoch is still the task's: before the vendor is asked to cancel."""
+        current = await asyncio.to_thread(self.recorder.current_epoch, self.task_id)
+        if current is not None and current != self.epoch:
+            activity.logger.warning(
+                "fenced off: the task's epoch is now %d; not closing %s", current, self.key
+            )
+            raise StaleEpoch(self.task_id, self.epoch, current)
 
 
 class ClosingActivities:
@@ -83,9 +140,11 @@ class ClosingActivities:
         absent); otherwise it is an unknown outcome at the estimate with a cost anomaly. Never zero for a
         charge that may have happened.
         """
-        op = self._operation(inp, None)
         route = inp.executor
         try:
+            op = ClosingOperation.of(self._operation(inp, None))
+            if not op.epoch:
+                op.epoch = await self._run_epoch(inp.task_id)
             try:
                 state = await op.open(fenced=False)
                 if state.result is not None:
@@ -109,6 +168,20 @@ class ClosingActivities:
         except Exception as e:
             cross(e)
 
+    async def _run_epoch(self, task_id: str) -> int:
+        """The epoch of the workflow run this close belongs to: the lease's, while that run holds it.
+
+        StaleEpoch if another run took the task since (the lease names its holder, the run that took the
+        epoch: ``open_task``)."""
+        run_id = activity.info().workflow_run_id or ""
+        mine, current = await asyncio.to_thread(self.recorder.run_epoch, task_id, run_id)
+        if current is None:
+            raise LedgerError(f"task {task_id!r} has no lease: nothing to close")
+        if mine is None:
+            activity.logger.warning("fenced off: run %s no longer holds task %s", run_id, task_id)
+            raise StaleEpoch(task_id, 0, current)
+        return mine
+
     async def _stop(
         self,
         op: Operation,
@@ -121,16 +194,19 @@ class ClosingActivities:
         """End an open operation now, never submitting: cancel its job and record what it cost.
 
         ``stage``: the node's request and bounds, so a job that succeeded meanwhile is checked and registered
-        like any other output. ``gave_up``: why its executor ended without a result (the task goes on): an
-        operation that never reached the vendor is then a technical Failure (counted against the node's
-        retries, so a bug cannot loop through voids), not a void. ``state``: the operation as already opened
-        (unfenced), if it was.
+        like any other output. Fenced by ``op``'s epoch: checked before the vendor is asked anything, and in
+        every write (StaleEpoch: a run that lost the task closes nothing). ``gave_up``: why its executor ended
+        without a result (the task goes on): an operation that never reached the vendor is then a technical
+        Failure (counted against the node's retries, so a bug cannot loop through voids), not a void.
+        ``state``: the operation as already opened (unfenced), if it was.
         """
         executor = stage.executor
+        op = ClosingOperation.of(op)
         if state is None:
             state = await op.open(fenced=False)
         if state.result is not None:
             return state.result
+        await op.check_fence()
         try:
             adapter: VendorAdapter | None = self.adapters.get(executor)
         except Exception:

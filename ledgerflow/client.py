@@ -12,12 +12,13 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ledger.recorder import Recorder
 from ledgerflow.errors import ClientError as ClientError  # where it always was, for callers
-from reconcile.takeover import orphaned_tasks
+from reconcile.takeover import needs_a_run, orphaned_tasks
 from rules.envelope import StoredEvent
 from rules.plan import Plan, Routes, load_plan
 from rules.projection import fold, summary
 from runtime import telemetry
 from runtime.settings import Settings, get_settings
+from runtime.signing import demo_public_keys
 from runtime.temporal_config import connect_options
 from vendors.routes import deployment_table
 from workflows.contracts import TaskInput, TaskResult, workflow_id
@@ -48,6 +49,27 @@ def recorder(settings: Settings) -> Recorder:
     rec = Recorder(settings.resolved_database_url())
     rec.check_schema()  # never DDL: `ledgerflow db upgrade` migrates (ledger/migrate.py)
     return rec
+
+
+def stack_dev(settings: Settings) -> Settings:
+    """``settings`` in dev mode if the stack this client talks to is a dev stack (for ``decide --as`` and
+    ``sign --as``: the demo approvers' keys).
+
+    LEDGERFLOW_ENV, when set at process start, decides. Otherwise the stack tells, never a file: its ledger's
+    approver registry holds an active demo key only in a dev stack (``ledgerflow up`` registers them; a
+    production worker refuses to start while one is registered, and refuses every decision signed with one).
+    A stack.json dropped in a working directory may name another ledger; then what is signed is good for
+    that ledger's workers only.
+    """
+    if settings.env is not None:
+        return settings
+    rec = recorder(settings)
+    try:
+        demo = demo_public_keys()
+        dev = any(k.public_key in demo and k.revoked_at is None for k in rec.key_registry().values())
+    finally:
+        rec.dispose()
+    return settings.model_copy(update={"env": "dev"}) if dev else settings
 
 
 async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = False) -> dict[str, Any]:
@@ -89,7 +111,7 @@ async def resume(settings: Settings, task_id: str, *, wait: bool = False) -> dic
     """
     rows = events(settings, task_id)
     projection = fold(rows)
-    if projection.finished:
+    if not needs_a_run(projection):  # an ended task with an operation still open needs a run to close it
         raise ClientError(f"task {task_id!r} is already {projection.state.value}; nothing to resume")
     client = await connect(settings)
     handle = client.get_workflow_handle(workflow_id(task_id))

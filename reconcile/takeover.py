@@ -4,11 +4,16 @@ Such a task lost its run (terminated, reset, a namespace restored from an older 
 reconcile`` lists them and ``--apply`` resumes each from the ledger alone: a new run takes a new fencing
 epoch and adopts every open operation, which its executor reconciles (``reconcile.operations``) before
 anything is sent.
+
+A task whose end is recorded but whose run was lost before it closed its open operations is one too: each of
+them still holds its reservation and its route's quota slot. Slots are never freed behind an operation's back
+(its job may still be running at the vendor, and the route's quota is the vendor's): the new run closes the
+operation from the vendor (``operation.close``), and the result gives the slot back in its own transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
@@ -18,12 +23,23 @@ from rules.envelope import StoredEvent
 from rules.projection import Projection, fold
 
 
-def task_histories(rec: Recorder, *, unfinished: bool) -> list[tuple[Projection, list[StoredEvent]]]:
-    """Every task in the ledger, folded (only unfinished ones if asked: a task still compensating is one);
-    histories that do not start with TaskCreated (leases taken by something other than a task) are not tasks
-    and are skipped."""
+def needs_a_run(p: Projection) -> bool:
+    """Whether a run still has work for the task: it is unfinished (a task still compensating is), or its end
+    is recorded but an operation is still open — its run ended (was terminated) before ``operation.close``
+    resolved it. An open operation holds its reservation and its route's quota slot (given back only with its
+    one result), so a new run must close it: a takeover's run finds the end recorded and closes every open
+    operation from the vendor (workflows/task.py, ``_stop_in_flight``)."""
+    return not p.finished or bool(p.in_flight())
+
+
+def task_histories(
+    rec: Recorder, *, unfinished: bool, only: Collection[str] | None = None
+) -> list[tuple[Projection, list[StoredEvent]]]:
+    """Every task in the ledger (or the ``only`` ones), folded (only unfinished ones if asked: a task still
+    compensating is one); histories that do not start with TaskCreated (leases taken by something other than a
+    task) are not tasks and are skipped."""
     out = []
-    for task_id in rec.task_ids():
+    for task_id in rec.task_ids() if only is None else sorted(only):
         events = rec.read_events(task_id)
         if not events or events[0].type != "TaskCreated":
             continue
@@ -33,10 +49,19 @@ def task_histories(rec: Recorder, *, unfinished: bool) -> list[tuple[Projection,
     return out
 
 
-async def orphaned_tasks(rec: Recorder, client: Client, workflow_id: Callable[[str], str]) -> list[str]:
-    """Unfinished tasks whose workflow (``workflow_id(task_id)``) is not running: candidates for takeover."""
+async def orphaned_tasks(
+    rec: Recorder,
+    client: Client,
+    workflow_id: Callable[[str], str],
+    *,
+    only: Collection[str] | None = None,
+) -> list[str]:
+    """Tasks that need a run (``needs_a_run``) whose workflow (``workflow_id(task_id)``) is not running:
+    candidates for takeover. ``only``: look at these tasks alone."""
     orphans = []
-    for p, _ in task_histories(rec, unfinished=True):
+    for p, _ in task_histories(rec, unfinished=False, only=only):
+        if not needs_a_run(p):
+            continue
         try:
             described = await client.get_workflow_handle(workflow_id(p.task_id)).describe()
         except RPCError:
