@@ -97,7 +97,13 @@ class ChatClient:
         )
 
     async def complete(
-        self, system: str, user: str, *, schema: dict[str, Any] | None = None, schema_name: str = "output"
+        self,
+        system: str,
+        user: str,
+        *,
+        schema: dict[str, Any] | None = None,
+        schema_name: str = "output",
+        request_id: str | None = None,
     ) -> ChatReply:
         """One chat completion that must answer JSON.
 
@@ -105,6 +111,8 @@ class ChatClient:
             schema: a JSON schema the answer should follow (OpenAI ``json_schema`` structured output); by
                 default any JSON object. The caller validates the answer either way: a model may ignore it.
             schema_name: the schema's name in the request.
+            request_id: sent as ``X-Client-Request-Id`` (the review's OperationKey, the planner Decision's
+                key): the id the vendor's billing names the call by, so its bill is matched to the ledger.
         """
         response_format: dict[str, Any] = {"type": "json_object"}
         if schema is not None:
@@ -120,7 +128,8 @@ class ChatClient:
             r = await self._client.post(
                 f"{self._base}/v1/chat/completions",
                 json=body,
-                headers={"Authorization": f"Bearer {self._key}"},
+                headers={"Authorization": f"Bearer {self._key}"}
+                | ({"X-Client-Request-Id": request_id} if request_id else {}),
                 timeout=self.timeout,
             )
         except httpx.HTTPError as e:
@@ -250,7 +259,7 @@ class LlmActivities:
                     # The fence before a paid call: a zombie of a fenced-off run never pays for a decision.
                     cross(StaleEpoch(inp.task_id, inp.epoch, current or 0))
                 question = json.dumps({"task": inp.summary}, sort_keys=True, default=str)
-                reply = await self.chat.complete(DECIDE_SYSTEM % inp.allowed, question)
+                reply = await self.chat.complete(DECIDE_SYSTEM % inp.allowed, question, request_id=dedup)
                 beat.beat(reply_details(reply))  # a retry reuses the answer
         if reply.anomaly:  # the planner has no operation: its spend is the figure, or the call's byte bound
             activity.logger.warning("cost anomaly (inference): %s; counted %s", reply.anomaly, reply.cost)

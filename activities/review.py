@@ -281,7 +281,7 @@ class ReviewActivities:
         send = await op.sending(state, self.chat.timeout)
         try:
             reply = await self.chat.complete(
-                REVIEW_SYSTEM, question, schema=judgement_schema(), schema_name="judgement"
+                REVIEW_SYSTEM, question, schema=judgement_schema(), schema_name="judgement", request_id=op.key
             )
         except LlmRefused as e:
             await op.refused(send, str(e))  # provably not run: no longer "maybe sent", never a charge

@@ -51,6 +51,12 @@ metric                                                   derived from
 ``ledgerflow_cost_per_usable_second{project}``           those tasks' whole spend (their ``task:`` budget
                                                          accounts: retries, reworks and review included)
                                                          divided by their delivered seconds
+``ledgerflow_billing_unknown_charges_total{route}``      the billing reconciliation's record
+                                                         (``ledger.reconciliation``): vendor charge lines no
+                                                         operation knows, each once; ``…_ambiguous_charges``
+                                                         (two operations claim it), ``…_credits``; by the
+                                                         route whose billing account listed them
+``ledgerflow_billing_reconciled_at``                     when its last run was recorded (unix time)
 ``ledgerflow_ledger_up``                                 1 if the queries succeeded on this scrape, else 0
 ``ledgerflow_ledger_scrape_seconds``                     how long the queries took
 =======================================================  ==================================================
@@ -88,7 +94,7 @@ from sqlalchemy.pool import NullPool
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from ledger import reports
+from ledger import reconciliation, reports
 from ledger.errors import LedgerError
 from rules.actions import RequestKind
 from runtime.settings import ConfigError
@@ -155,6 +161,7 @@ class LedgerCollector(Collector):
         started = time.perf_counter()
         try:
             families = list(self._families(reports.facts(self._engine)))
+            families += list(self._billing(reconciliation.counts(self._engine)))
             up = 1.0
         except LedgerError as e:
             log.warning("ledger metrics unavailable: %s", one_line(e))
@@ -199,6 +206,35 @@ class LedgerCollector(Collector):
         yield from self._people(facts)
         yield from self._quality(facts)
         yield from self._routes(facts)
+
+    def _billing(self, counts: reconciliation.Counts) -> Iterator[Metric]:
+        """The scheduled billing reconciliation's record (ledger.reconciliation): lines it could not match
+        and credits, each counted once however many runs saw it, and when it last ran."""
+        families = {
+            "unknown_charge": CounterMetricFamily(
+                "ledgerflow_billing_unknown_charges",
+                "Vendor charges no operation of the ledger knows, by the route whose account listed them.",
+                labels=["route"],
+            ),
+            "ambiguous_charge": CounterMetricFamily(
+                "ledgerflow_billing_ambiguous_charges",
+                "Vendor charges two operations claim, by the route whose account listed them.",
+                labels=["route"],
+            ),
+            "credit": CounterMetricFamily(
+                "ledgerflow_billing_credits", "Credits and refunds the vendors listed.", labels=["route"]
+            ),
+        }
+        for kind, route, n in counts.by_kind:
+            if kind in families:
+                families[kind].add_metric([route], float(n))
+        yield from families.values()
+        if counts.last_run is not None:
+            yield GaugeMetricFamily(
+                "ledgerflow_billing_reconciled_at",
+                "When the billing reconciliation last ran (unix time).",
+                value=counts.last_run.timestamp(),
+            )
 
     def _routes(self, facts: reports.Facts) -> Iterator[Metric]:
         """Each route's shared breaker (rules.routing): 1 on its current state's series, 0 on the others."""

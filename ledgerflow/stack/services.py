@@ -285,8 +285,9 @@ def up(
         demo_key(name).write(state / "keys" / f"{name}.key")
     tokens = stack.get("review_tokens") or {a: secrets.token_urlsafe(24) for a in DEMO_APPROVERS}
     review_url = stack.get("review_url")
+    # No "env" here: dev mode comes from LEDGERFLOW_ENV only, passed below to what the stack starts; a client
+    # learns it from the stack's ledger (ledgerflow.client.stack_dev), never from this file.
     stack = {
-        "env": "dev",
         "review_tokens": tokens,
         "temporal_address": temporal_address,
         "ui_url": ui_url,
@@ -323,6 +324,15 @@ def up(
     for name in started:  # they start in parallel; each is checked in turn
         wait_healthy(name, health[name], pids[name], logs / f"{name}.log")
         log(f"{name:<9} pid {pids[name]}, healthy: {health[name]}")
+    # The scheduled billing reconciliation, run by the stack's workers (docs/operations.md).
+    from datetime import timedelta
+
+    from ledgerflow.views.billing import ensure_schedule
+    from reconcile.billing import ReconcileSettings
+
+    every = timedelta(seconds=ReconcileSettings().every_seconds)
+    here = settings.model_copy(update={"temporal_address": temporal_address})
+    log(f"{'schedule':<9} " + ensure_schedule(here, every=every).removeprefix("schedule "))
     return stack
 
 

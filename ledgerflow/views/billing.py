@@ -5,12 +5,19 @@ fixed, what it reserved, the route that served it and why), each numbered send w
 vendor refused it, its job ids, its one result (cost, cost anomalies, late charges) and the probe of its
 output where one was recorded; beside it, the vendor's own charge lines for that key (or its jobs), read from
 the serving route's billing listing where that route can list charges.
+
+Also the scheduled billing reconciliation's client side (``reconcile.billing`` does the matching):
+``ledgerflow billing reconcile`` runs one reconciliation here and prints what it found
+(``reconcile_once``); ``ledgerflow billing schedule`` and ``ledgerflow up`` create or update the Temporal
+Schedule that runs it every few minutes on a task queue's workers (``schedule_reconciliation``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 
@@ -20,6 +27,11 @@ from rules.envelope import StoredEvent
 from rules.operation import OperationRecord, fold_operation
 from runtime.settings import Settings
 from vendors.routes import AdapterKind, RouteError, deployment_table
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from activities.billing import ReconcileInput, ReconcileResult
 
 
 class UnknownOperation(LookupError):
@@ -139,3 +151,122 @@ async def _vendor_charges(settings: Settings, op: OperationRecord, first: Stored
     if total is not None:
         found["total"] = str(total)
     return found
+
+
+# ── the scheduled reconciliation ─────────────────────────────────────────────────────────────────────────
+SCHEDULE_PREFIX: Final = "ledgerflow-billing-reconciliation"
+
+
+def schedule_id(task_queue: str) -> str:
+    """The Schedule of a task queue's deployment: one per queue, so deployments sharing a namespace differ."""
+    return f"{SCHEDULE_PREFIX}-{task_queue}"
+
+
+async def reconcile_once(
+    settings: Settings, recorder: Recorder, inp: ReconcileInput | None = None
+) -> ReconcileResult:
+    """One reconciliation from here (no workflow): what ``ledgerflow billing reconcile`` runs."""
+    from activities.billing import ReconcileInput, run_reconciliation
+
+    table = deployment_table(settings)
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        return await run_reconciliation(
+            recorder,
+            table,
+            _adapters(settings, table, http),
+            inp or ReconcileInput(),
+            vendor_url=settings.vendor_url_or_none(),
+        )
+
+
+def reconcile_lines(result: ReconcileResult) -> list[str]:
+    """The run as lines: each new finding, each route it could not list and why, then one summary line."""
+    out = list(result.recorded)
+    out += [f"cannot list charges: route {r} ({why})" for r, why in sorted(result.not_listable.items())]
+    out += [f"listing failed: route {r} ({why})" for r, why in sorted(result.failed.items())]
+    parts = [f"{result.listed} charges listed", f"{result.matched} matched to one operation"]
+    for n, what in (
+        (result.unknown, "unknown"),
+        (result.ambiguous, "claimed twice"),
+        (result.credits, "credits"),
+        (result.pending, "without a key, within their grace"),
+    ):
+        if n:
+            parts.append(f"{n} {what}")
+    parts.append(f"{result.new} newly recorded")
+    out.append(f"billing reconciliation: {', '.join(parts)} ({result.seconds:.2f} s, run {result.run_id})")
+    return out
+
+
+async def schedule_reconciliation(
+    client: Client,
+    settings: Settings,
+    *,
+    every: timedelta,
+    schedule: str | None = None,
+    window: timedelta | None = None,
+    grace: timedelta | None = None,
+) -> str:
+    """Create the Schedule that reconciles billing every ``every`` on ``settings.task_queue`` (its workers run
+    it), or update it to this spec if it exists; returns one line saying which."""
+    from temporalio.client import (
+        Schedule,
+        ScheduleActionStartWorkflow,
+        ScheduleAlreadyRunningError,
+        ScheduleIntervalSpec,
+        ScheduleOverlapPolicy,
+        SchedulePolicy,
+        ScheduleSpec,
+        ScheduleState,
+        ScheduleUpdate,
+        ScheduleUpdateInput,
+    )
+
+    from activities.billing import DEFAULT_GRACE_S, DEFAULT_WINDOW_S, ReconcileInput
+    from workflows.reconciliation import BillingReconciliationWorkflow
+
+    sid = schedule or schedule_id(settings.task_queue)
+    inp = ReconcileInput(
+        window_seconds=window.total_seconds() if window is not None else DEFAULT_WINDOW_S,
+        grace_seconds=grace.total_seconds() if grace is not None else DEFAULT_GRACE_S,
+    )
+    spec = Schedule(
+        action=ScheduleActionStartWorkflow(
+            BillingReconciliationWorkflow.run,
+            inp,
+            id=sid,  # each run's id is this and its scheduled time
+            task_queue=settings.task_queue,
+            execution_timeout=timedelta(minutes=30),
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
+        # A run still going when the next is due: the next is skipped. After an outage, one run catches up.
+        policy=SchedulePolicy(
+            overlap=ScheduleOverlapPolicy.SKIP, catchup_window=max(every, timedelta(minutes=1))
+        ),
+        state=ScheduleState(
+            note="ledgerflow: match every vendor charge to one operation (docs/operations.md)"
+        ),
+    )
+    seconds = f"{every.total_seconds():g} s"
+    try:
+        await client.create_schedule(sid, spec)
+        done = "created"
+    except ScheduleAlreadyRunningError:
+
+        def replace(_: ScheduleUpdateInput) -> ScheduleUpdate:
+            return ScheduleUpdate(schedule=spec)
+
+        await client.get_schedule_handle(sid).update(replace)
+        done = "updated"
+    return f"schedule {sid}: {done}, every {seconds} on task queue {settings.task_queue}"
+
+
+def ensure_schedule(settings: Settings, *, every: timedelta) -> str:
+    """``schedule_reconciliation`` from synchronous code (``ledgerflow up``), on a loop of its own."""
+    from ledgerflow import client as lf
+
+    async def go() -> str:
+        return await schedule_reconciliation(await lf.connect(settings), settings, every=every)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # safe whether or not the caller runs a loop
+        return pool.submit(asyncio.run, go()).result()

@@ -171,6 +171,19 @@ def create_app(state: SimState) -> FastAPI:
                 raise SimError(404, "not_found", f"no job {job_id}")
             return job.request.model_dump(mode="json", exclude={"input_urls"})
 
+    @app.post("/admin/charges")
+    def inject_charge(body: dict[str, str]) -> dict[str, bool]:
+        """A charge nobody made: ``{protocol: jobs|predictions, job_id, idempotency_key?, amount}``."""
+        state.inject_charge(
+            body.get("protocol", "jobs"), body["job_id"], body.get("idempotency_key"), body["amount"]
+        )
+        return {"ok": True}
+
+    @app.post("/admin/credits")
+    def credit(body: dict[str, str]) -> dict[str, Any]:
+        """The vendor refunds a job's charge (``{job_id, amount?}``): a negative line in the listings."""
+        return state.credit(body["job_id"], body.get("amount"))
+
     @app.get("/admin/config")
     def get_config() -> SimConfig:
         return state.config

@@ -258,6 +258,23 @@ class SimState:
             }
         )
 
+    def inject_charge(self, protocol: str, job_id: str, key: str | None, amount: str) -> None:
+        """Test hook: a charge nobody asked for (a vendor's billing error, another client of the account)."""
+        with self.lock:
+            self.charge(key or "", job_id, "injected", amount, protocol)
+
+    def credit(self, job_id: str, amount: str | None) -> dict[str, Any]:
+        """Test hook: the vendor refunds (part of) a job's charge. The credit is listed with the charges, a
+        negative line under the refunded job's id and key (the whole charge when ``amount`` is None)."""
+        with self.lock:
+            charged = next((c for c in self.charges_ if c["job_id"] == job_id), None)
+            if charged is None:
+                raise SimError(404, "not_found", f"no charge for job {job_id}")
+            refund = amount if amount is not None else charged["amount"]
+            line = {**charged, "amount": f"-{refund.lstrip('-')}", "at": time.time(), "credit": True}
+            self.charges_.append(line)
+            return dict(line)
+
     def charges(self) -> dict[str, Any]:
         with self.lock:
             rows = [dict(c) for c in self.charges_]
