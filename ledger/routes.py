@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -76,7 +77,8 @@ class RouteState:
 class Routing:
     """What a routed dispatch's INTENT asks of ``append_fenced``: the executor, its routes (primary first),
     the operation's key (a probe's or canary's claim names it) and, for routes with a concurrency quota,
-    ``(route, limit, aging_s)`` with the dispatch's place in their queues (priority, deadline)."""
+    ``(route, limit, aging_s)`` with the dispatch's place in their queues (priority, deadline), and for
+    routes with a monthly spend cap, ``(route, cap)`` (``ledger.accounts.hold_route``)."""
 
     executor: str
     chain: tuple[Candidate, ...]
@@ -85,6 +87,7 @@ class Routing:
     quotas: tuple[tuple[str, int, float], ...] = ()
     priority: str = "standard"
     deadline: datetime | None = None
+    caps: tuple[tuple[str, Decimal], ...] = ()
 
 
 # A waiter not seen again for this long (its task ended, its worker died) no longer holds its place.

@@ -16,7 +16,10 @@ from runtime.settings import Settings
 
 def parse_scope(text: str) -> str:
     if scopes.parse(text) is None:
-        raise ClientError(f"scope {text[:60]!r} is not project:NAME, episode:PROJECT/EPISODE or task:ID")
+        raise ClientError(
+            f"scope {text[:60]!r} is not project:NAME, episode:PROJECT/EPISODE, task:ID"
+            " or route:ROUTE:YYYY-MM"
+        )
     return text
 
 
@@ -66,7 +69,7 @@ def show(settings: Settings, scope: str | None) -> list[Row]:
 
 def _children(rec, scope: str) -> list[Account]:  # type: ignore[no-untyped-def]
     kind, _, name = scope.partition(":")
-    if kind == "task":
+    if kind in ("task", "route"):  # a route's month belongs to no task: nothing is nested under it
         return []
     prefix = f"episode:{name}/" if kind == "project" else None
     children = rec.accounts(prefix) if prefix else []
@@ -75,7 +78,7 @@ def _children(rec, scope: str) -> list[Account]:  # type: ignore[no-untyped-def]
 
 
 def _depth(scope: str) -> int:
-    return {"project": 0, "episode": 1, "task": 2}[scope.partition(":")[0]]
+    return {"project": 0, "episode": 1, "task": 2}.get(scope.partition(":")[0], 0)
 
 
 def accounts_table(rows: list[Row]) -> Table:

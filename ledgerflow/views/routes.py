@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from ledgerflow import client as lf
+from rules import scopes
 from rules.routing import BreakerState, Candidate, RouteHealth, qualified
 from runtime.settings import Settings
 from vendors.routes import deployment_table
@@ -20,9 +21,11 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
     try:
         states = rec.route_states()
         health = rec.route_health()
+        # This month's account of each capped route (this machine's clock picks the month: a report).
+        now = datetime.now(UTC)
+        months = {a.scope: a for a in rec.accounts(scopes.ROUTE_PREFIX)}
     finally:
         rec.dispose()
-    now = datetime.now(UTC)
     rows = []
     for name, route in sorted(table.routes.items()):
         state = states.get(name)
@@ -49,14 +52,28 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
                 "qualified": bool(fallback_of)
                 and qualified(Candidate(name, max_age_s=route.qualification_max_age), h, now),
                 "qualified_at": h.qualified_at.isoformat() if h.qualified_at else None,
+                **_cap(name, route.monthly_cap, months, now),
             }
         )
     return rows
 
 
+def _cap(name: str, cap: Any, months: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A route's monthly cap and this month's account (``route:R:YYYY-MM``: none before its first use)."""
+    scope = scopes.route_month(name, now)
+    account = months.get(scope)
+    return {
+        "monthly_cap": None if cap is None else str(cap),
+        "month_scope": scope if cap is not None or account is not None else None,
+        "month_ceiling": None if account is None or account.ceiling is None else str(account.ceiling),
+        "month_spent": None if account is None else str(account.spent),
+        "month_reserved": None if account is None else str(account.reserved),
+    }
+
+
 def routes_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="routes", title_justify="left")
-    for col in ("route", "adapter", "mode", "base url", "state", "breaker", "fallbacks"):
+    for col in ("route", "adapter", "mode", "base url", "state", "breaker", "fallbacks", "monthly cap"):
         table.add_column(col)
     for r in rows:
         state = f"[red]PAUSED[/red] since {r['since']}: {r['reason']}" if r["paused"] else "running"
@@ -67,7 +84,12 @@ def routes_table(rows: list[dict[str, Any]]) -> Table:
         if r["fallback_of"]:
             verdict = "qualified" if r["qualified"] else "[yellow]not qualified[/yellow]"
             links = f"fallback of {', '.join(r['fallback_of'])} ({verdict})"
-        table.add_row(r["route"], r["adapter"], r["mode"], r["base_url"], state, breaker, links or "—")
+        cap = "—"
+        if r["month_scope"] is not None:
+            ceiling = r["month_ceiling"] or r["monthly_cap"] or "unlimited"
+            used = f"spent {r['month_spent'] or 0} + reserved {r['month_reserved'] or 0}"
+            cap = f"{ceiling} this month ({used})"
+        table.add_row(r["route"], r["adapter"], r["mode"], r["base_url"], state, breaker, links or "—", cap)
     return table
 
 
