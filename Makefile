@@ -24,6 +24,12 @@ test: $(STAMP)
 	$(BIN)/mypy rules ledger runtime reconcile activities vendors artifacts media workflows ledgerflow worker.py
 	$(BIN)/lint-imports  # the layers in pyproject.toml: nothing imports upward
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap)
+	@# Known vulnerabilities in the installed dependencies (pip-audit asks PyPI's JSON API); offline, one line says so.
+	@if $(BIN)/python -c "import urllib.request as u; u.urlopen('https://pypi.org/pypi/pip/json', timeout=10)" 2>/dev/null; \
+	then $(BIN)/pip-audit --local --skip-editable --progress-spinner off -f json -o $(VENV)/pip-audit.json && \
+	$(BIN)/python -c "import json; d = json.load(open('$(VENV)/pip-audit.json'))['dependencies']; n = sum('skip_reason' in x for x in d); n and print(f'pip-audit: {n} of {len(d)} packages unknown to the index, not audited ($(VENV)/pip-audit.json)')"; \
+	else echo "pip-audit: package index unreachable, skipped"; fi
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

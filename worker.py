@@ -20,6 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
 from temporalio.worker import Interceptor, Worker
 
+from activities.billing import BillingActivities
 from activities.ledger import LedgerActivities
 from activities.llm import ChatClient, LlmActivities
 from activities.people import PeopleActivities
@@ -34,6 +35,8 @@ from runtime.signing import demo_public_keys
 from runtime.temporal_config import connect_options
 from vendors.registry import Adapters
 from vendors.routes import deployment_table
+from vendors.sandbox import runtime_non_dumpable
+from workflows.reconciliation import BillingReconciliationWorkflow
 from workflows.task import TaskWorkflow
 from workflows.visibility import ensure_search_attributes
 
@@ -65,8 +68,9 @@ async def build_worker(
     def store_for(uri: str) -> ArtifactStore:
         return store_for_uri(uri, stores)
 
+    table = deployment_table(settings)
     adapters = Adapters(
-        deployment_table(settings),
+        table,
         vendor_url=settings.vendor_url_or_none(),
         credential=settings.credential,
         client=http,
@@ -74,7 +78,13 @@ async def build_worker(
     )
     stack.push_async_callback(adapters.aclose)
     chat = ChatClient.from_settings(http, settings)
-    ledger = LedgerActivities(recorder, deployment_table(settings).names())
+    ledger = LedgerActivities(
+        recorder,
+        table.names(),
+        table,
+        price_history=settings.price_history,
+        price_cache_s=settings.price_cache_seconds,
+    )
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
     stages = StageActivities(
         recorder,
@@ -89,12 +99,14 @@ async def build_worker(
     review = ReviewActivities(recorder, store, chat, adapters=adapters, store_for=store_for)
     llm = LlmActivities(recorder, chat)
     people = PeopleActivities(recorder, settings, client)
+    vendor_url = settings.vendor_url_or_none()
+    billing = BillingActivities(recorder, adapters.table, adapters.get, vendor_url=vendor_url)
     executor = ThreadPoolExecutor(max_workers=64)
     stack.callback(executor.shutdown, wait=False)
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
-        workflows=[TaskWorkflow],
+        workflows=[TaskWorkflow, BillingReconciliationWorkflow],
         activities=[
             ledger.open_task,
             ledger.append,
@@ -109,6 +121,7 @@ async def build_worker(
             llm.decide,
             people.record_batch,
             people.arrivals,
+            billing.reconcile,
         ],
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
@@ -176,6 +189,9 @@ async def run_worker(settings: Settings | None = None) -> None:
 
 if __name__ == "__main__":
     try:
+        # Before anything runs: what the worker starts (an example's sandbox, a probe) cannot read its
+        # /proc/<pid>/environ (the database URL, the vendor keys) even under the same uid.
+        runtime_non_dumpable()
         logs.configure()  # LEDGERFLOW_LOG_FORMAT=json: one JSON object per line (runtime/logs.py)
         asyncio.run(run_worker())
     except ConfigError as e:

@@ -40,6 +40,8 @@ class Activity(StrEnum):
     LLM_DECIDE = "llm.decide"
     PEOPLE_RECORD_BATCH = "people.record_batch"
     PEOPLE_ARRIVALS = "people.arrivals"
+    # The scheduled billing reconciliation (activities/billing.py, workflows/reconciliation.py): no task's.
+    BILLING_RECONCILE = "billing.reconcile"
     # Removed: no worker registers it. Scheduled only when replaying a history recorded before
     # ``fair-decisions-v1`` (the compatibility section of workflows/task.py), which replay answers from the
     # history itself.
@@ -99,7 +101,10 @@ class StageInput(BaseModel):
     attempt: int
     epoch: int
     executor: str
-    estimate: Decimal
+    estimate: Decimal  # what admission reserved (rules.pricing: the worst credible cost)
+    # The plan's own estimate where admission reserved more (None: ``estimate`` is the plan's). What a vendor
+    # that takes an estimate is told: our reservation is no business of its pricing.
+    plan_estimate: Decimal | None = None
     input: dict[str, Any] = {}
     stall_after: float = 600.0  # seconds without progress before the watchdog cancels the job
     output: OutputSpec | None = None  # the stage's output bounds: the node check an artifact must pass
@@ -128,6 +133,11 @@ class StageInput(BaseModel):
     def _input_once(self, value: dict[str, Any]) -> dict[str, Any]:
         return {} if value and value == self._intent_request() else value
 
+    @property
+    def quoted(self) -> Decimal:
+        """The plan's estimate for this attempt: what the vendor is told (the same on every resend)."""
+        return self.estimate if self.plan_estimate is None else self.plan_estimate
+
     def _intent_request(self) -> dict[str, Any] | None:
         """The request inside the INTENT this executor is to write (None: none to write)."""
         if self.intent is None:
@@ -144,7 +154,10 @@ class CloseInput(BaseModel):
     operation_key: str
     executor: str
     estimate: Decimal
-    epoch: int = 0  # closing never calls a vendor to create anything: it is not fenced
+    # The closing run's epoch: every write of the close is fenced by it (a run that lost the task closes
+    # nothing; the newer run adopted the operation). 0: the run's own, read from the lease while the run (its
+    # Temporal run id) holds it — what the task's end sends, and every close recorded before this was set.
+    epoch: int = 0
     gave_up: str | None = None  # why its executor ended without a result (None: the task ended)
     output: OutputSpec | None = None  # the node's bounds, for a job that succeeded meanwhile
     input_hash: str | None = None
@@ -160,6 +173,7 @@ class CloseInput(BaseModel):
                 operation_key=arg.operation_key,
                 executor=arg.executor,
                 estimate=arg.estimate,
+                epoch=arg.epoch,
                 gave_up=why,
                 output=arg.output,
                 input_hash=arg.input_hash,
@@ -170,6 +184,7 @@ class CloseInput(BaseModel):
             operation_key=arg.operation_key,
             executor="gate",
             estimate=Decimal(0),
+            epoch=arg.epoch or 0,
             gave_up=why,
         )
 
@@ -271,6 +286,8 @@ class AppendInput(BaseModel):
     # even past a ceiling — a failed task's compensation, which must not wait on money).
     reserve: Decimal = Decimal(0)
     overdraw: bool = False
+    # … with ``overdraw``: how far past its ceiling the task's own scope may go (the scopes above: none)
+    overdraw_cap: Decimal = Decimal(0)
 
 
 class MarkInput(BaseModel):

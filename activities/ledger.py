@@ -8,6 +8,11 @@ one local activity both writes and reads.
 
 from __future__ import annotations
 
+import threading
+import time
+from decimal import Decimal
+from typing import Final
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -22,20 +27,39 @@ from activities.contracts import (
     ReadInput,
 )
 from ledger.errors import BudgetRefused, DuplicateEvent, StaleEpoch
+from ledger.prices import learned_prices
 from ledger.recorder import Recorder
 from rules.envelope import StoredEvent
 from rules.events import TaskCreated, to_new
 from rules.keys import created_key
-from rules.plan import PlanError, Routes, budget_scopes, validate_plan
+from rules.plan import Plan, PlanError, Routes, budget_scopes, validate_plan
+from rules.pricing import PriceBook, RoutePrice, price_book
 from runtime.faults import mark
+from vendors.routes import RouteTable
+
+# How long a worker reuses what the ledger taught about prices before reading it again.
+LEARNED_TTL_S: Final = 60.0
 
 
 class LedgerActivities:
     """Holds the recorder; each method is one short transaction (plus a read)."""
 
-    def __init__(self, recorder: Recorder, routes: Routes | None = None) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        routes: Routes | None = None,
+        table: RouteTable | None = None,
+        *,
+        price_history: int = 0,
+        price_cache_s: float = LEARNED_TTL_S,
+    ) -> None:
         self.recorder = recorder
         self.routes = routes  # this deployment's routes: a new task's plan is validated against them
+        self.table = table  # … and their declared prices, for a new task's price book (rules.pricing)
+        self.price_history = price_history  # results per route a learned price reads (0: none)
+        self.price_cache_s = price_cache_s
+        self._learned: tuple[float, frozenset[str], dict[str, tuple[Decimal, int]]] | None = None
+        self._learned_lock = threading.Lock()
 
     @activity.defn(name=Activity.OPEN_TASK)
     def open_task(self, inp: OpenTaskInput) -> OpenTaskResult:
@@ -67,7 +91,10 @@ class LedgerActivities:
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id, limit=None if inp.limit is None else inp.limit + 1)
         if not events:
-            created = to_new(TaskCreated(plan=inp.plan), dedup_key=created_key(inp.task_id))
+            created = to_new(
+                TaskCreated(plan=inp.plan, prices=self._price_book(inp.plan)),
+                dedup_key=created_key(inp.task_id),
+            )
             try:
                 self.recorder.append_fenced(inp.task_id, epoch, [created])
             except StaleEpoch as e:
@@ -79,12 +106,44 @@ class LedgerActivities:
             return OpenTaskResult(epoch=epoch, events=events[: inp.limit], complete=False)
         return OpenTaskResult(epoch=epoch, events=events)
 
+    def _price_book(self, plan: Plan) -> PriceBook:
+        """What each stage's routes say a node costs, now: their declared bounds (the route table) and learned
+        ratios (the ledger's last results on them). Recorded in TaskCreated; every admission reads it."""
+        chains: dict[str, tuple[RoutePrice, ...]] = {}
+        for stage in plan.stages:
+            if self.table is not None and stage.executor in self.table.routes:
+                chains[stage.executor] = self.table.prices(stage.executor)
+            else:  # a route this worker does not know: what the ledger learned under the executor's name
+                chains[stage.executor] = (RoutePrice(route=stage.executor),)
+        names = frozenset(r.route for chain in chains.values() for r in chain)
+        return price_book(plan, chains, self._learned_ratios(names))
+
+    def _learned_ratios(self, routes: frozenset[str]) -> dict[str, tuple[Decimal, int]]:
+        """route -> (p95 of actual ÷ estimate, results counted), read at most once per ``price_cache_s`` for
+        the same routes: a burst of new tasks reads the ledger once (the figure is recorded per task)."""
+        if self.price_history == 0:
+            return {}
+        now = time.monotonic()
+        with self._learned_lock:
+            cached = self._learned
+            if cached is not None and now - cached[0] < self.price_cache_s and routes <= cached[1]:
+                return cached[2]
+        learned = learned_prices(self.recorder.reader, routes, last=self.price_history)
+        ratios = {r: (lp.ratio_p95, lp.results) for r, lp in learned.items()}
+        with self._learned_lock:
+            self._learned = (now, routes, ratios)
+        return ratios
+
     @activity.defn(name=Activity.APPEND)
     def append(self, inp: AppendInput) -> list[StoredEvent]:
         """Fenced append of the run's own events (an INTENT and its immediate effect)."""
         try:
             self.recorder.append_fenced(
-                inp.task_id, inp.epoch, inp.events, reserve=inp.reserve, overdraw=inp.overdraw
+                inp.task_id,
+                inp.epoch,
+                inp.events,
+                reserve=inp.reserve,
+                overdraw=inp.overdraw_cap if inp.overdraw else None,
             )
             mark("intent_recorded", task=inp.task_id, op=inp.events[0].operation_key or "")
         except (StaleEpoch, BudgetRefused) as e:

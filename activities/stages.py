@@ -110,6 +110,7 @@ class StageActivities(ClosingActivities):
             quotas=quotas,
             priority=inp.priority,
             deadline=inp.deadline,
+            caps=table.caps(inp.executor),
         )
 
     async def _run(self, inp: StageInput, chosen: str | None) -> StoredEvent:
@@ -241,7 +242,7 @@ class StageActivities(ClosingActivities):
                     operation_key=op.key,
                     executor=inp.executor,
                     request=inp.input,
-                    estimate=inp.estimate,
+                    estimate=inp.quoted,
                     files=files,
                 )
         except TimeoutError:

@@ -8,6 +8,13 @@ event, or not at all. ``AccountStore`` is the part of the recorder that opens ac
 
 Lock order: an account is locked only after its task's lease row and new event rows, and a task's accounts
 are locked together in ``scope COLLATE "C"`` order (see ``_LOCK_ACCOUNTS``).
+
+A route with a ``monthly_cap`` (vendors.routes) has one more account per calendar month, ``route:R:YYYY-MM``
+(rules.scopes.route_month), shared by every task: ``hold_route`` reserves an operation's amount there in its
+INTENT's transaction (created on first use with the cap as its ceiling) and records the hold in
+``route_holds``; ``settle_route`` settles it with the operation's one result (or adds a late charge). A
+route-month account is always the LAST lock a transaction takes — after the task's own accounts — and a
+transaction holds at most one: whoever holds one waits for no other lock, so it cannot close a cycle.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ledger.errors import BudgetRefused, InvalidAmount, LedgerError, TaskNotFound
 from ledger.pgerrors import translated
-from ledger.schema import budget_accounts, task_leases
+from ledger.schema import budget_accounts, route_holds, task_leases
+from rules import scopes as scope_names
 from rules.money import MONEY_SCALE, parse_amount
 
 
@@ -135,6 +143,57 @@ _RAISE_CEILING: Final = (
 )
 
 _ACCOUNT: Final = select(*_ACCOUNT_COLUMNS).where(budget_accounts.c.scope == bindparam("b_scope"))
+
+# A route-month account: created on first use with the route's cap (ON CONFLICT DO NOTHING: an existing
+# month keeps its ceiling — an operator's `budget set` for that month stands, and a worker may not change a
+# ceiling anyway, revision 0006's guard), then locked (one row, after every other account of the append).
+_OPEN_ROUTE_MONTH: Final = (
+    pg_insert(budget_accounts)
+    .values(scope=bindparam("b_scope"), ceiling=bindparam("b_ceiling", type_=_MONEY))
+    .on_conflict_do_nothing(index_elements=[budget_accounts.c.scope])
+)
+_LOCK_ACCOUNT: Final = _ACCOUNT.with_for_update()
+_HOLD: Final = route_holds.insert().values(
+    operation_key=bindparam("b_key"), scope=bindparam("b_scope"), amount=bindparam("b_amount", type_=_MONEY)
+)
+# The operation's one result settles its hold, once (a repeat of the result writes nothing, so never comes
+# here; ``settled_at IS NULL`` guards anyway). Returns what to settle on which account.
+_SETTLE_HOLD: Final = (
+    update(route_holds)
+    .where(route_holds.c.operation_key == bindparam("b_key"), route_holds.c.settled_at.is_(None))
+    .values(spent=route_holds.c.spent + bindparam("b_spend", type_=_MONEY), settled_at=func.clock_timestamp())
+    .returning(route_holds.c.scope, route_holds.c.amount)
+)
+# A charge recorded beside the result (a late charge: a job the vendor created after it) counts on the
+# month the operation held, whenever it arrives.
+_CHARGE_HOLD: Final = (
+    update(route_holds)
+    .where(route_holds.c.operation_key == bindparam("b_key"))
+    .values(spent=route_holds.c.spent + bindparam("b_spend", type_=_MONEY))
+    .returning(route_holds.c.scope)
+)
+# One row, already the last lock of its transaction: release must fit (a hold released twice is a bug).
+_SETTLE_ONE: Final = (
+    update(budget_accounts)
+    .where(
+        budget_accounts.c.scope == bindparam("b_scope"),
+        budget_accounts.c.reserved >= bindparam("b_release", type_=_MONEY),
+    )
+    .values(
+        reserved=budget_accounts.c.reserved - bindparam("b_release", type_=_MONEY),
+        spent=budget_accounts.c.spent + bindparam("b_spend", type_=_MONEY),
+        updated_at=func.clock_timestamp(),
+    )
+    .returning(budget_accounts.c.scope)
+)
+_HOLDS_OF: Final = select(
+    route_holds.c.operation_key,
+    route_holds.c.scope,
+    route_holds.c.amount,
+    route_holds.c.spent,
+    route_holds.c.held_at,
+    route_holds.c.settled_at,
+)
 _ACCOUNTS: Final = select(*_ACCOUNT_COLUMNS).order_by(_BY_SCOPE)
 _ACCOUNTS_UNDER: Final = _ACCOUNTS.where(func.starts_with(budget_accounts.c.scope, bindparam("b_prefix")))
 
@@ -161,11 +220,19 @@ def as_money(name: str, value: object) -> Decimal:
 
 
 def reserve(
-    conn: Connection, task_id: str, scopes: list[str] | None, amount: Decimal, *, check: bool = True
+    conn: Connection,
+    task_id: str,
+    scopes: list[str] | None,
+    amount: Decimal,
+    *,
+    task_overdraw: Decimal | None = None,
 ) -> None:
-    """Reserve ``amount`` on every scope, or raise BudgetRefused for the first it does not fit (``check``)."""
+    """Reserve ``amount`` on every scope, or raise BudgetRefused for the first it does not fit. With
+    ``task_overdraw`` (an undo) the task's own scope may go that far past its ceiling; the others may not."""
+    own = scope_names.task(task_id)
     for a in _lock_accounts(conn, task_id, scopes):
-        if check and a.ceiling is not None and a.spent + a.reserved + amount > a.ceiling:
+        allowance = task_overdraw if task_overdraw is not None and a.scope == own else Decimal(0)
+        if a.ceiling is not None and a.spent + a.reserved + amount > a.ceiling + allowance:
             raise BudgetRefused(a.scope, a.ceiling, a.spent, a.reserved, amount)
     conn.execute(_ADD_RESERVED, {"b_scopes": scopes, "b_amount": amount})
 
@@ -191,6 +258,64 @@ def raise_on(
     if not locked:
         _lock_accounts(conn, task_id, scopes)
     conn.execute(_RAISE_CEILING, {"b_scope": scope, "b_amount": amount})
+
+
+def route_refused(
+    scope: str, ceiling: Decimal, spent: Decimal, reserved: Decimal, amount: Decimal
+) -> BudgetRefused:
+    """BudgetRefused for a route-month scope, its message saying what to do: a person's add_budget raises only
+    the task's own scopes, so an operator raises the month's cap (the vendor contract's ceiling)."""
+    refused = BudgetRefused(scope, ceiling, spent, reserved, amount)
+    hint = (
+        f"; {scope} is the route's monthly cap (the vendor contract's), not one of the task's budgets:"
+        f" an operator raises it with `ledgerflow budget set {scope} N`, then the task is resumed"
+    )
+    # The same type and fields (the workflow reads the scope from its details); only the message says more.
+    refused.args = (f"{refused.args[0]}{hint}",)
+    return refused
+
+
+def hold_route(
+    conn: Connection,
+    operation_key: str,
+    caps: Sequence[tuple[str, Decimal]],
+    route: str,
+    now: datetime,
+    amount: Decimal,
+) -> str | None:
+    """Reserve ``amount`` on ``route``'s account for the month of ``now`` (the database's clock) if the route
+    has a cap in ``caps``, and record the hold; BudgetRefused (naming the route-month scope) if it does not
+    fit. Call after the task's accounts were reserved, on the INTENT's connection. Returns the scope held,
+    or None (the route has no cap, or nothing is reserved)."""
+    cap = next((c for r, c in caps if r == route), None)
+    if cap is None or not amount:
+        return None
+    scope = scope_names.route_month(route, now)
+    conn.execute(_OPEN_ROUTE_MONTH, {"b_scope": scope, "b_ceiling": as_money(f"monthly_cap of {route}", cap)})
+    a = Account(*conn.execute(_LOCK_ACCOUNT, {"b_scope": scope}).one())
+    if a.ceiling is not None and a.spent + a.reserved + amount > a.ceiling:
+        raise route_refused(a.scope, a.ceiling, a.spent, a.reserved, amount)
+    conn.execute(_ADD_RESERVED, {"b_scopes": [scope], "b_amount": amount})
+    conn.execute(_HOLD, {"b_key": operation_key, "b_scope": scope, "b_amount": amount})
+    return scope
+
+
+def settle_route(conn: Connection, operation_key: str, spend: Decimal, *, result: bool) -> str | None:
+    """Settle the operation's route-month hold, if it has one: its one ``result`` releases what the hold
+    reserved and spends ``spend`` (a void spends 0: the hold is released); a later charge adds ``spend``.
+    Call after the task's accounts were settled, on the result's connection. Returns the scope, or None."""
+    if not result and not spend:
+        return None
+    row = conn.execute(
+        _SETTLE_HOLD if result else _CHARGE_HOLD, {"b_key": operation_key, "b_spend": spend}
+    ).first()
+    if row is None:
+        return None
+    scope: str = row[0]
+    release: Decimal = row[1] if result else Decimal(0)
+    if conn.execute(_SETTLE_ONE, {"b_scope": scope, "b_release": release, "b_spend": spend}).first() is None:
+        raise LedgerError(f"{operation_key}: releasing {release} on {scope} exceeds its reservation")
+    return scope
 
 
 def _lock_accounts(conn: Connection, task_id: str, scopes: list[str] | None) -> list[Account]:
@@ -280,6 +405,13 @@ class AccountStore:
         with translated(), self._reader.connect() as conn:
             scopes: list[str] | None = conn.execute(_TASK_SCOPES, {"b_task_id": task_id}).scalar_one_or_none()
         return [] if scopes is None else list(scopes)
+
+    def route_holds(self, scope: str) -> list[dict[str, object]]:
+        """The holds on a route-month account (``route:R:YYYY-MM``): which operations reserved and spent what
+        there, oldest first."""
+        stmt = _HOLDS_OF.where(route_holds.c.scope == bindparam("b_scope")).order_by(route_holds.c.held_at)
+        with translated(), self._reader.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt, {"b_scope": scope}).mappings()]
 
     def tasks_in_scope(self, scope: str) -> list[str]:
         """Every task drawing on ``scope``, oldest first."""

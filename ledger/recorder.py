@@ -37,7 +37,7 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, Final
 
-from sqlalchemy import BigInteger, Text, bindparam, create_engine, func, select, update
+from sqlalchemy import BigInteger, Engine, Text, bindparam, create_engine, func, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -90,6 +90,9 @@ _TAKE_LEASE: Final = _lease_insert.on_conflict_do_update(
 ).returning(task_leases.c.epoch)
 
 _CURRENT_EPOCH: Final = select(task_leases.c.epoch).where(task_leases.c.task_id == bindparam("b_task_id"))
+_LEASE: Final = select(task_leases.c.epoch, task_leases.c.holder).where(
+    task_leases.c.task_id == bindparam("b_task_id")
+)
 # The executor's clock is the database's: every deadline an operation keeps (a submit that may still land, a
 # key the vendor may have forgotten) is measured against recorded_at, which this clock wrote.
 _EPOCH_AND_NOW: Final = select(task_leases.c.epoch, func.clock_timestamp()).where(
@@ -247,6 +250,11 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         """
         migrate.check(self._reader)
 
+    @property
+    def reader(self) -> Engine:
+        """The engine for single-statement reads (AUTOCOMMIT): report queries such as ``ledger.prices``."""
+        return self._reader
+
     def dispose(self) -> None:
         """Close every pooled connection."""
         self._engine.dispose()
@@ -268,6 +276,16 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
             epoch: int | None = conn.execute(_CURRENT_EPOCH, {"b_task_id": task_id}).scalar_one_or_none()
         return epoch
 
+    def run_epoch(self, task_id: str, holder: str) -> tuple[int | None, int | None]:
+        """``(the epoch holder took, the task's current epoch)``: the first is None unless ``holder`` (a
+        workflow run's id, as ``take_lease`` was given it) is the run holding the task now. For a closing run
+        that knows no epoch (``operation.close`` at its task's end): its writes are fenced by that epoch."""
+        with translated(), self._reader.connect() as conn:
+            row = conn.execute(_LEASE, {"b_task_id": task_id}).first()
+        if row is None:
+            return None, None
+        return (row[0] if row[1] == holder else None), row[0]
+
     # --- writes ------------------------------------------------------------------------------------------
 
     def append_fenced(
@@ -280,7 +298,7 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         unless: str | None = None,
         routing: Routing | None = None,
         human_capacity: int | None = None,
-        overdraw: bool = False,
+        overdraw: Decimal | None = None,
     ) -> list[StoredEvent]:
         """Append ``events`` atomically with consecutive seqs, if ``epoch`` is still the task's current one.
 
@@ -294,8 +312,9 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
 
         An empty ``events`` still checks the fence. With ``reserve > 0`` the same transaction also reserves
         that amount on every budget scope of the task, if it fits all of them (``ceiling IS NULL OR
-        spent + reserved + reserve <= ceiling``); otherwise nothing at all is written. With ``overdraw`` it
-        is reserved even past a ceiling (a failed task's compensation: an undo never waits on money). With
+        spent + reserved + reserve <= ceiling``); otherwise nothing at all is written. With ``overdraw`` (a
+        failed task's compensation) the task's own scope may go that far past its ceiling; the scopes above
+        it are checked as always (an undo the project cannot afford asks a person, rules.table R12). With
         ``unless`` the write happens only while no event holds that dedup key, checked under the lease row's
         lock that every write of the task takes (an executor's INTENT is never written after its task began
         closing).
@@ -354,7 +373,10 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
                         else []
                     )
                     if amount:
-                        accounts.reserve(conn, task_id, fence[1], amount, check=not overdraw)
+                        accounts.reserve(conn, task_id, fence[1], amount, task_overdraw=overdraw)
+                        if routing is not None and routing.caps:  # the route's month, locked last
+                            route = events[0].payload["route"]
+                            accounts.hold_route(conn, routing.key, routing.caps, route, fence[-1], amount)
                     approvals.track_queue(conn, task_id, events)
             except sa_exc.IntegrityError as e:
                 if violated(e) != DEDUP_CONSTRAINT:
@@ -452,6 +474,10 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
                     accounts.settle(conn, task_id, reserved[2], to_release, to_spend)
                 if raised is not None:
                     accounts.raise_on(conn, task_id, reserved[2], *raised, locked=settle)
+                if event.operation_key is not None:
+                    # Its route-month hold (a capped route), after the task's accounts: locked last.
+                    result = is_result_key(event.dedup_key)
+                    accounts.settle_route(conn, event.operation_key, to_spend, result=result)
                 conn.commit()
                 return _stored(inserted), True
             # The key exists (ON CONFLICT waited for its writer to commit, so this new snapshot sees it).

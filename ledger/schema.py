@@ -161,6 +161,24 @@ route_slots: Final = Table(
     Column("taken_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
     Index("ix_route_slots_route", "route"),
 )
+# A capped route's hold per operation (ledger.accounts.hold_route): the route-month account
+# (``route:R:YYYY-MM``, rules.scopes) and the amount the operation's INTENT reserved on it, inserted in the
+# INTENT's transaction; the operation's one result settles it (``settled_at``, ``spent``) in the result's
+# transaction, and a late charge adds to ``spent`` on the same scope. Kept after settling: the month an
+# operation counted on.
+route_holds: Final = Table(
+    "route_holds",
+    metadata,
+    Column("operation_key", Text, primary_key=True),
+    Column("scope", Text, nullable=False),
+    Column("amount", Numeric(20, MONEY_SCALE, asdecimal=True), nullable=False),
+    Column("spent", Numeric(20, MONEY_SCALE, asdecimal=True), nullable=False, server_default=text("0")),
+    Column("held_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column("settled_at", TIMESTAMP(timezone=True), nullable=True),
+    CheckConstraint("amount > 0", name="ck_route_holds_amount_positive"),
+    CheckConstraint("spent >= 0", name="ck_route_holds_spent_non_negative"),
+    Index("ix_route_holds_scope", "scope"),
+)
 route_waiters: Final = Table(
     "route_waiters",
     metadata,
@@ -225,3 +243,32 @@ approver_keys: Final = Table(
     Index("uq_approver_keys_add", "key_id", unique=True, postgresql_where=text("action = 'add'")),
 )
 APPROVER_KEY_CONSTRAINT: Final = "uq_approver_keys_add"
+
+# The scheduled billing reconciliation's own record (ledger/reconciliation.py), append-only: what matching the
+# vendors' charge listings to the ledger's operations found that no task holds — a charge no operation knows
+# (``unknown_charge``), one two operations claim (``ambiguous_charge``), a credit or refund against the
+# operation it refunds (``credit``) — and one ``run`` row per reconciliation with its summary. A vendor line
+# is recorded once however many runs see it (``dedup_key``: its billing account and the line's identity).
+billing_reconciliation: Final = Table(
+    "billing_reconciliation",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("dedup_key", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("route", Text, nullable=True),  # the route whose billing account listed the line
+    Column("account", Text, nullable=True),
+    Column("job_id", Text, nullable=True),
+    Column("line_key", Text, nullable=True),  # the key the vendor's line carried
+    Column("operation_key", Text, nullable=True),  # the operation a credit refunds
+    Column("amount", Text, nullable=True),  # the vendor's figure as written
+    Column("charged_at", TIMESTAMP(timezone=True), nullable=True),  # the vendor's clock
+    Column("run_id", Text, nullable=True),
+    Column("evidence", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    UniqueConstraint("dedup_key", name="uq_billing_reconciliation_dedup_key"),
+    CheckConstraint(
+        "kind IN ('unknown_charge', 'ambiguous_charge', 'credit', 'run')",
+        name="ck_billing_reconciliation_kind",
+    ),
+    Index("ix_billing_reconciliation_kind", "kind", "route"),
+)

@@ -190,12 +190,25 @@ def submit(
     ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait for the task to finish")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    budget_from_quote: Annotated[
+        str | None,
+        typer.Option(
+            "--budget-from-quote", metavar="p50|p95", help="ceiling = the quote's total (and record it)"
+        ),
+    ] = None,
 ) -> None:
     """Validate a plan and start its task. A task id can only be submitted once."""
     from ledgerflow import client as lf
 
     settings = get_settings()
     parsed = lf.parse_plan(_read(plan), task_id)
+    if budget_from_quote is not None:  # ledgerflow.views.quote: the ceiling from the ledger's history
+        from ledgerflow.views.quote import budget_from_quote as quoted
+
+        parsed, _ = quoted(settings, parsed, budget_from_quote)
+        if not as_json:
+            shown = f"ceiling {parsed.budget_ceiling}: the quote's {budget_from_quote} total"
+            out.print(shown, highlight=False)
     tid = parsed.task_id or f"task-{uuid.uuid4().hex[:12]}"
     result = asyncio.run(lf.submit(settings, parsed, tid, wait=wait))
     link = settings.task_ui_link(result["workflow_id"])
@@ -479,7 +492,10 @@ app.add_typer(budget_app, name="budget")
 @budget_app.command("set")
 @friendly
 def budget_set(
-    scope: Annotated[str, typer.Argument(help="project:NAME, episode:PROJECT/EPISODE or task:ID")],
+    scope: Annotated[
+        str,
+        typer.Argument(help="project:NAME, episode:PROJECT/EPISODE, task:ID or route:ROUTE:YYYY-MM"),
+    ],
     amount: Annotated[str, typer.Argument(help="the ceiling, or 'unlimited'")],
 ) -> None:
     """Set a scope's ceiling (reservations already admitted stay admitted)."""
@@ -555,7 +571,9 @@ def _amount(text: str) -> Decimal:
         raise ClientError(f"amount {text[:40]!r} {e}") from None
 
 
-billing_app = typer.Typer(no_args_is_help=True, help="The vendors' bills: evidence for a disputed charge.")
+billing_app = typer.Typer(
+    no_args_is_help=True, help="The vendors' bills: disputes, and the scheduled reconciliation."
+)
 app.add_typer(billing_app, name="billing")
 
 
@@ -593,6 +611,62 @@ def billing_dispute(
     else:
         out_file.write_text(text)
         out.print(f"{operation_key}: evidence written to {out_file}", markup=False, highlight=False)
+
+
+@billing_app.command("reconcile")
+@friendly
+def billing_reconcile(
+    grace: Annotated[
+        float, typer.Option("--grace", min=0, help="seconds a charge without a key may wait for its job id")
+    ] = 600.0,
+    window: Annotated[float, typer.Option("--window", min=0.01, help="hours of charges to list")] = 48.0,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Reconcile billing once, here (what the schedule runs): match every charge the listable routes list to
+    one operation; record each charge nobody knows or two operations claim, and each credit; name the routes
+    that cannot list charges."""
+    from activities.billing import ReconcileInput
+    from ledgerflow import client as lf
+    from ledgerflow.views.billing import reconcile_lines, reconcile_once
+
+    settings = get_settings()
+
+    async def go() -> Any:
+        rec = lf.recorder(settings)
+        try:
+            inp = ReconcileInput(grace_seconds=grace, window_seconds=window * 3600)
+            return await reconcile_once(settings, rec, inp)
+        finally:
+            rec.dispose()
+
+    result = asyncio.run(go())
+    if as_json:
+        out.print_json(result.model_dump_json())
+        return
+    for line in reconcile_lines(result):
+        out.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
+
+@billing_app.command("schedule")
+@friendly
+def billing_schedule(
+    every: Annotated[float, typer.Option("--every", min=10, help="seconds between two runs")] = 300.0,
+) -> None:
+    """Create (or update) the Temporal Schedule that reconciles billing every --every seconds, run by the
+    workers of LEDGERFLOW_TASK_QUEUE on the cluster LEDGERFLOW_TEMPORAL_ADDRESS (`ledgerflow up` does it for
+    the embedded stack)."""
+    from datetime import timedelta
+
+    from ledgerflow import client as lf
+    from ledgerflow.views.billing import schedule_reconciliation
+
+    settings = get_settings()
+
+    async def go() -> str:
+        client = await lf.connect(settings)
+        return await schedule_reconciliation(client, settings, every=timedelta(seconds=every))
+
+    out.print(asyncio.run(go()), markup=False, highlight=False, soft_wrap=True)
 
 
 # ── people in the loop: the queue, one request, deciding, dead letters ─────────────────────────────────
@@ -649,6 +723,10 @@ def _signer(request_id: str, key_file: Path | None, approver: str | None) -> tup
     from ledgerflow.views import people
 
     task_id, rid = people.parse_global_id(request_id)
+    if key_file is None and approver is not None:  # a demo approver's key: only for a dev stack
+        from ledgerflow.client import stack_dev
+
+        return task_id, rid, people.approver_key(stack_dev(get_settings()), key_file, approver)
     return task_id, rid, people.approver_key(get_settings(), key_file, approver)
 
 
@@ -673,6 +751,42 @@ def decide(
     (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
     if sent.status != "accepted":
         raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def quote(
+    plan: Annotated[Path | None, typer.Argument(help="plan file (YAML)")] = None,
+    project: Annotated[
+        str | None, typer.Option("--project", help="learn from this project's tasks only (default: all)")
+    ] = None,
+    drift: Annotated[
+        str | None, typer.Option("--drift", metavar="TASK", help="a task's spend against its recorded quote")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """What a plan should cost and take (p50 / p95 per stage), learned from the ledger's history of its
+    routes; with --drift TASK, a task's spend against the quote it was submitted with."""
+    from ledgerflow.views import quote as q
+
+    if (plan is None) == (drift is None):
+        raise ClientError("give a PLAN to quote, or --drift TASK (not both)")
+    if drift is not None:
+        d = q.drift(get_settings(), drift)
+        if as_json:
+            out.print_json(json.dumps(d.as_json()))
+        else:
+            out.print(q.drift_table(d))
+        return
+    from ledgerflow import client as lf
+
+    assert plan is not None
+    result = q.quote(get_settings(), lf.parse_plan(_read(plan)), project)
+    if as_json:
+        out.print_json(json.dumps(result.as_json()))
+        return
+    for part in q.tables(result):
+        out.print(part, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -766,6 +880,20 @@ def db_current() -> None:
         migrate.check(url)
     except LedgerError:
         raise typer.Exit(1) from None
+
+
+@db_app.command("roles")
+@friendly
+def db_roles() -> None:
+    """Create or update the database's login users (lf_worker, lf_operator, lf_reader), each a member of
+    its group role only, with passwords from LEDGERFLOW_DB_WORKER_PASSWORD, LEDGERFLOW_DB_OPERATOR_PASSWORD,
+    LEDGERFLOW_DB_READER_PASSWORD (the ones set). Run as the role that ran `ledgerflow db upgrade`."""
+    import os
+
+    from ledger.roles import ensure_logins
+
+    for login in ensure_logins(get_settings().resolved_database_url(), os.environ):
+        out.print(login.line, highlight=False, soft_wrap=True)
 
 
 @db_app.command("sync-queue")

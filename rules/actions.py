@@ -64,7 +64,12 @@ class Dispatch(_Action):
     attempt: int = Field(ge=1)
     operation_key: str
     executor: str
+    # What admission reserved for this attempt: the node's worst credible cost (rules.pricing) …
     estimate: Decimal = Field(ge=0)
+    # … the plan's own estimate, where that price is above it (None: the price is the plan's estimate), and
+    # what set the price (a declared bound, a learned ratio, an observed result).
+    plan_estimate: Decimal | None = None
+    priced_by: str = ""
     reason: str = ""
     # Exactly what the vendor will be sent, fixed at decision time: a resubmission after a crash or a takeover
     # sends the same body under the same key (an idempotent vendor refuses a different one). Upstream outputs
@@ -123,6 +128,9 @@ class Compensate(_Action):
     operation_key: str
     executor: str
     estimate: Decimal = Field(ge=0)
+    # How far past its ceiling this undo may take the task's own scope (the stage's declared cap); every scope
+    # above the task is checked as for any reservation (an undo the project cannot afford asks a person).
+    overdraw: Decimal = Field(default=Decimal(0), ge=0)
     input: dict[str, Any] = Field(default_factory=dict)
     reason: str = ""
 

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from rules.plan import INFERENCE_RESERVE
+from rules.plan import INFERENCE_RESERVE, Stage
+from rules.pricing import admission_price
 from rules.projection import Projection
 
-__all__ = ["INFERENCE_RESERVE", "admits", "headroom"]
+__all__ = ["INFERENCE_RESERVE", "admits", "headroom", "node_price"]
+
+
+def node_price(p: Projection, stage: Stage) -> tuple[Decimal, str]:
+    """What one node of ``stage`` is admitted at now, and why: the worst credible cost (rules.pricing) from
+    the task's price book and the stage's dearest result so far."""
+    return admission_price(stage, p.prices, p.observed.get(stage.id))
 
 
 def headroom(p: Projection) -> Decimal:

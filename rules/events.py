@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from rules.actions import Action, Escalate, HumanDecisionType, Rollback
 from rules.envelope import NewEvent, StoredEvent
 from rules.plan import Plan
+from rules.pricing import PriceBook
 
 
 class FailureKind(StrEnum):
@@ -103,6 +104,9 @@ E = TypeVar("E", bound=_Event)
 class TaskCreated(_Event):
     type: Literal["TaskCreated"] = "TaskCreated"
     plan: Plan
+    # What each stage's routes said a node costs when the task opened (rules.pricing): an input to every
+    # admission, recorded so the audit recomputes them. None: a task opened before price books.
+    prices: PriceBook | None = None
 
 
 class Intent(_Event):
@@ -235,6 +239,14 @@ class HumanDecision(_Event):
     # An add_budget's budget scope (``project:P``, ``episode:P/E``, ``task:T``); None: the task's.
     scope: str | None = None
     key_id: str | None = None  # the registry key the decision was signed with (older events: HMAC, none)
+    # Decision format v3 (issue 24 §3): the exact message the approver signed and its Ed25519 signature, so
+    # ``ledgerflow audit`` re-verifies the decision against the key registry as of its arrival; when it was
+    # signed (the approver's clock, inside ``signed``) and when it reached Temporal (the instant it was judged
+    # at). None on decisions recorded before signatures were kept.
+    signed: str | None = Field(default=None, max_length=8000)
+    signature: str | None = None
+    issued_at: datetime | None = None
+    received_at: datetime | None = None
 
 
 class RollbackDone(_Event):

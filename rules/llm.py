@@ -21,7 +21,7 @@ from rules.actions import (
     RequestKind,
     SuspendForHuman,
 )
-from rules.admission import admits
+from rules.admission import admits, node_price
 from rules.people import context_package
 from rules.projection import Projection
 from rules.table import advance, escalate, ready_nodes
@@ -87,8 +87,10 @@ def check_llm_action(p: Projection, raw: Any, now: datetime) -> tuple[str | None
         return f"node {str(proposal.node)[:60]!r} is not ready to dispatch", None
     node = ready[proposal.node]
     stage = p.graph.nodes[node.id].stage
-    if not admits(p, stage.estimate):
-        return f"dispatch of {node.id} refused by cost admission (estimate {stage.estimate})", None
+    price, why = node_price(p, stage)
+    if not admits(p, price):
+        priced = f"estimate {price}" if not why else f"price {price}, {why}"
+        return f"dispatch of {node.id} refused by cost admission ({priced})", None
     # The same path as R11: a gated node gets its static gate first; nothing the model says skips it.
     action = advance(p, node, now)
     if isinstance(action, Dispatch):

@@ -189,3 +189,23 @@ def _text(value: Any) -> str | None:
 
 def _decimal(value: Any) -> Decimal:
     return Decimal(str(value)) if value is not None else Decimal(0)
+
+
+def overrun_bound(events: Iterable[StoredEvent]) -> Decimal:
+    """The bound on a task's spend past its ceiling (rules.pricing): the overrun — settled cost above what
+    was reserved, where positive — of the operations in flight when its last operation was admitted.
+
+    Admission checks spent + reserved + a node's price against every ceiling, so only what was already in
+    flight at the last admission can take spend past one. ``events``: one task's, in ``seq`` order.
+    """
+    events = list(events)
+    in_flight: set[str] = set()
+    at_last: set[str] = set()
+    for e in events:
+        if e.type == "Intent" and e.operation_key and e.payload["action"]["kind"] in OPERATION_KINDS:
+            in_flight.add(e.operation_key)
+            at_last = set(in_flight)
+        elif e.operation_key and is_result_key(e.dedup_key):
+            in_flight.discard(e.operation_key)
+    ops = fold_operations(e for e in events if e.operation_key in at_last)
+    return sum((max(Decimal(0), op.recorded - op.reservation) for op in ops.values()), Decimal(0))

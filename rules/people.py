@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
@@ -51,9 +51,12 @@ FIELDS: Final = (
     "note",
     "amount",
     "scope",
+    "issued_at",
     "signature",
 )
-CANONICAL_VERSION: Final = "ledgerflow-decision-v2"
+CANONICAL_VERSION: Final = "ledgerflow-decision-v2"  # no issued-at: recorded decisions of earlier releases
+CANONICAL_V3: Final = "ledgerflow-decision-v3"  # with issued-at (issue 24): what the CLI and the page sign
+WINDOW: Final = timedelta(minutes=10)  # the default: a decision issued further from its arrival is refused
 MAX_NOTE: Final = 2000
 MAX_ERROR_SHOWN: Final = 1000  # per failure in a context package
 MAX_FAILURES_SHOWN: Final = 50  # for a task-level request (no node): the most recent ones
@@ -63,10 +66,16 @@ _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 _APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
 _AMOUNT: Final = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
+# An issued-at time: ISO 8601 in UTC with a Z, as JavaScript's Date.toISOString writes it (and issued_now).
+_ISSUED_AT: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z")
 
 # Verifies an Ed25519 signature: (public key hex, message, signature hex) -> valid. runtime.signing.verify in
 # the worker; passed in so that this module (imported by the workflow's sandbox) needs no C library.
 Verify = Callable[[str, str, str], bool]
+
+# The request an undo asks when the budget cannot carry it (rules.table.undo_refused): the one request a
+# terminal task still takes answers to.
+UNDO_REQUEST: Final = "undo:"
 
 
 def canonical(
@@ -79,11 +88,31 @@ def canonical(
     amount: str | None,
     scope: str | None,
     note: str,
+    issued_at: str | None = None,
 ) -> str:
     """The signed message (UTF-8): a version line, then one field per line. Every field but ``note`` is
     newline-free, and ``note`` comes last, so two different decisions never produce the same message. The
     task id is signed but not sent: a decision signed for one task fails verification in every other.
-    The reviewer page builds the same string in the browser (``ledgerflow/review/static/review.js``)."""
+    The reviewer page builds the same string in the browser (``ledgerflow/review/static/review.js``).
+
+    With ``issued_at`` (v3, what is signed now) the time the approver signed is a line before the note;
+    without it, the v2 message of the decisions recorded before issued-at (the audit re-verifies those)."""
+    if issued_at is not None:
+        return "\n".join(
+            [
+                CANONICAL_V3,
+                task_id,
+                decision_id,
+                request_id,
+                str(decision),
+                approver,
+                key_id,
+                amount or "",
+                scope or "",
+                issued_at,
+                note,
+            ]
+        )
     fields = [
         task_id,
         decision_id,
@@ -108,6 +137,18 @@ def decision_ref(raw: Any) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+def issued_now(now: datetime) -> str:
+    """``now`` as an issued-at field: UTC, milliseconds, a Z (the browser's ``toISOString`` form)."""
+    return now.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_issued_at(text: str) -> datetime:
+    """An issued-at field as an aware datetime; ValueError if it is not one."""
+    if not _ISSUED_AT.fullmatch(text):
+        raise ValueError(f"issued_at {text[:40]!r} is not an ISO 8601 UTC time like 2026-12-03T10:00:00.000Z")
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 # ── parsing ──────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -124,6 +165,7 @@ class SignedDecision:
     amount: str | None
     scope: str | None
     signature: str
+    issued_at: str | None = None
 
     def message(self, task_id: str) -> str:
         """The canonical message this decision's signature must be over."""
@@ -137,6 +179,7 @@ class SignedDecision:
             self.amount,
             self.scope,
             self.note,
+            self.issued_at,
         )
 
 
@@ -159,6 +202,7 @@ def parse_decision(raw: Any) -> SignedDecision | str:
         ("note", None, False),
         ("amount", _AMOUNT, False),
         ("scope", SCOPE_TEXT, False),
+        ("issued_at", _ISSUED_AT, False),
         ("signature", _SIGNATURE, True),
     )
     for name, pattern, required in checks:
@@ -188,6 +232,7 @@ def parse_decision(raw: Any) -> SignedDecision | str:
         amount=raw.get("amount"),
         scope=raw.get("scope"),
         signature=raw["signature"],
+        issued_at=raw.get("issued_at"),
     )
 
 
@@ -198,6 +243,7 @@ _SHAPES: Final = {
     "key_id": "a key id",
     "amount": "a decimal string",
     "scope": "a budget scope (project:P, episode:P/E or task:T)",
+    "issued_at": "an ISO 8601 UTC time like 2026-12-03T10:00:00.000Z",
     "signature": "128 lowercase hex digits (an Ed25519 signature)",
 }
 
@@ -284,10 +330,14 @@ def describe_resolution(stored: StoredEvent) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """What :func:`evaluate` authenticates with: the registry's keys and the verifier (runtime.signing)."""
+    """What :func:`evaluate` authenticates with: the registry's keys and the verifier (runtime.signing),
+    and the issued-at window: a decision signed further than ``window`` from when it reached Temporal, or
+    signed without an issued-at time, is refused (the worker always passes its setting; None, for the pure
+    tests' v2 fixtures only, leaves the time unchecked)."""
 
     registry: Mapping[str, KeyRecord]
     verify: Verify
+    window: timedelta | None = None
 
 
 def evaluate(
@@ -323,6 +373,11 @@ def evaluate(
         return refuse(f"unknown key {d.key_id!r} (not in the approver key registry)")
     if not keys.verify(key.public_key, d.message(task_id), d.signature):
         return refuse(f"bad signature for key {d.key_id!r} (forged, altered or signed for another task)")
+    issued = None if d.issued_at is None else parse_issued_at(d.issued_at)  # its shape is checked
+    if keys.window is not None:
+        why = outside_window(issued, received_at, keys.window)
+        if why is not None:
+            return refuse(why)
     if view is None:
         return refuse(f"no request {d.request_id!r} in task {task_id}")
     chain = [s for s, _ in budget_scopes(p.plan, task_id)]
@@ -354,7 +409,7 @@ def evaluate(
                 return repeat
             return refuse(repeat.rejection or "already resolved")
         return refuse(f"already resolved: {describe_view(view)}")
-    if p.terminal:
+    if p.terminal and not d.request_id.startswith(UNDO_REQUEST):  # an undo waiting for budget is answered
         return refuse(f"task {task_id} is already {p.state.value}")
     final = final_deadline(p, view)
     if final is not None and received_at > final:
@@ -385,9 +440,35 @@ def evaluate(
         scope=scope if amount is not None else None,
         decision_id=d.decision_id,
         key_id=d.key_id,
+        signed=d.message(task_id),
+        signature=d.signature,
+        issued_at=issued,
+        received_at=received_at,
     )
     raised = None if amount is None else (scope, amount)
     return Ruling(task_id=task_id, ref=ref, request_id=rid, node=node, decision=event, raise_ceiling=raised)
+
+
+def outside_window(issued: datetime | None, received_at: datetime, window: timedelta) -> str | None:
+    """Why a decision issued at ``issued`` may not count when it reached Temporal at ``received_at``; None
+    if it may. Replaying a signed decision later, or signing one ahead of time, is refused by this."""
+    if issued is None:
+        return (
+            "signed without an issued-at time (decision format v2): sign it again with a current ledgerflow"
+        )
+    skew = received_at - issued
+    if abs(skew) > window:
+        when = "before" if skew > timedelta(0) else "after"
+        return (
+            f"issued at {issued.isoformat()}, {_span(abs(skew))} {when} it arrived at"
+            f" {received_at.isoformat()}: outside the {_span(window)} window"
+        )
+    return None
+
+
+def _span(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
 def _backup_may(p: Projection, view: RequestView, approver: str, at: datetime) -> bool:
@@ -405,6 +486,132 @@ def final_deadline(p: Projection, view: RequestView) -> datetime | None:
     if first is None or not p.plan.approval.backups:
         return first
     return first + timedelta(seconds=p.plan.approval.backup_seconds)
+
+
+# ── the audit: every recorded decision re-verified ──────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class Reverified:
+    """One recorded decision, re-verified: ``problem`` fails the audit, ``note`` only flags it."""
+
+    seq: int
+    problem: str | None = None
+    note: str | None = None
+
+
+_SIGNED_FIELDS: Final = (
+    "task_id",
+    "decision_id",
+    "request_id",
+    "decision",
+    "approver",
+    "key_id",
+    "amount",
+    "scope",
+)
+
+
+def signed_fields(message: str) -> dict[str, str] | None:
+    """A canonical message (v2 or v3) back into its fields (``issued_at`` only in v3); None if not one."""
+    version, _, rest = message.partition("\n")
+    names = list(_SIGNED_FIELDS) + (["issued_at"] if version == CANONICAL_V3 else [])
+    if version not in (CANONICAL_VERSION, CANONICAL_V3):
+        return None
+    parts = rest.split("\n", len(names))
+    if len(parts) != len(names) + 1:
+        return None
+    return {**dict(zip(names, parts, strict=False)), "note": parts[-1]}
+
+
+def reverify(
+    task_id: str,
+    stored: StoredEvent,
+    p: Projection,
+    keys: Keys,
+    signed_since: datetime | None,
+) -> Reverified:
+    """Re-verify one recorded ``HumanDecision`` as the worker verified it when it arrived: the stored
+    signature over the stored message, with the key the registry held *as of its arrival* (added before,
+    not revoked or expired by then, allowed the request's kind and scope), the message saying what the
+    event says, and its issued-at within ``keys.window`` of its arrival.
+
+    A decision without a stored signature was recorded before decisions kept theirs: accepted as recorded
+    then (a note), unless it was recorded at or after ``signed_since`` (when this database began keeping
+    signatures): then nothing proves a person made it (a problem).
+    """
+    d = parse(stored)
+    assert isinstance(d, HumanDecision)
+    seq = stored.seq
+    who = f"#{seq} {d.decision.value} by {d.approver}"
+    if d.signed is None or d.signature is None:
+        if signed_since is not None and stored.recorded_at >= signed_since:
+            return Reverified(
+                seq, problem=f"{who}: recorded without its signature: nothing proves it was signed"
+            )
+        return Reverified(
+            seq,
+            note=f"{who}: signed before issued-at (recorded before decisions kept their "
+            "signature; accepted as recorded then)",
+        )
+    key = keys.registry.get(d.key_id or "")
+    if key is None:
+        return Reverified(seq, problem=f"{who}: key {d.key_id!r} is not in the approver key registry")
+    if not keys.verify(key.public_key, d.signed, d.signature):
+        return Reverified(seq, problem=f"{who}: its signature does not verify with key {key.key_id}")
+    fields = signed_fields(d.signed)
+    if fields is None:
+        return Reverified(seq, problem=f"{who}: what it records as signed is not a decision message")
+    recorded = {
+        "task_id": task_id,
+        "decision_id": d.decision_id or "",
+        "request_id": d.request_id,
+        "decision": d.decision.value,
+        "approver": d.approver,
+        "key_id": d.key_id or "",
+        "note": d.note,
+    }
+    differs = [name for name, value in recorded.items() if fields[name] != value]
+    signed_amount = Decimal(fields["amount"]) if _AMOUNT.fullmatch(fields["amount"]) else None
+    if signed_amount != d.amount:
+        differs.append("amount")
+    if fields["scope"] and fields["scope"] != d.scope:
+        differs.append("scope")
+    issued = None
+    if "issued_at" in fields:
+        try:
+            issued = parse_issued_at(fields["issued_at"])
+        except ValueError:
+            issued = None
+        if issued is None or issued != d.issued_at:
+            differs.append("issued_at")
+    if differs:
+        return Reverified(
+            seq, problem=f"{who}: the record differs from what was signed ({', '.join(differs)})"
+        )
+    at = d.received_at or stored.recorded_at
+    if key.added_at is not None and key.added_at > at:
+        return Reverified(
+            seq,
+            problem=f"{who}: key {key.key_id} was registered at {key.added_at.isoformat()}, after the"
+            f" decision arrived at {at.isoformat()}",
+        )
+    view = p.requests.get(d.request_id)
+    chain = [s for s, _ in budget_scopes(p.plan, task_id)]
+    scope = d.scope or chain[-1]
+    kind = view.request.kind.value if view is not None else ""
+    why = refusal(key, approver=d.approver, kind=kind, chain=chain, scope=scope, at=at)
+    if view is None:
+        why = f"no request {d.request_id!r} in the task"
+    if why is not None:
+        return Reverified(seq, problem=f"{who}: {why} (as of its arrival at {at.isoformat()})")
+    if issued is None:
+        return Reverified(seq, note=f"{who}: signed before issued-at (a v2 signature; verified)")
+    if keys.window is not None:
+        late = outside_window(issued, at, keys.window)
+        if late is not None:
+            return Reverified(seq, problem=f"{who}: {late}")
+    return Reverified(seq)
 
 
 # ── floods: refusals beyond the first few on a request are counted, not recorded one by one ────────────

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
@@ -26,6 +27,7 @@ from pydantic import (
 )
 
 from rules import scopes
+from rules.artifact_refs import check_typed_refs
 from rules.inputs import check_inputs
 from rules.money import Amount
 
@@ -213,12 +215,16 @@ class Compensation(_Strict):
     in the task's compensating phase before its end state is final (rules.table, R12).
 
     Its request is ``input`` plus ``compensates`` (the output's operation key, node, vendor job id and
-    sha256). Its reservation is never refused for money: an undo must not wait on a budget that ran out.
+    sha256). Money: its reservation may take the task's own scope past its ceiling by at most ``overdraw``
+    (an undo should not wait on the task's own budget, but never without bound); every scope above the task
+    (episode, project) is checked as for any reservation. An undo those cannot afford is not skipped: the task
+    asks a person (add budget, then resume) with the undo pending (rules.table R12).
     """
 
     executor: str = Field(min_length=1, max_length=64)
     input: dict[str, Any] = Field(default_factory=dict)
     estimate: Amount = Decimal(0)
+    overdraw: Amount = Decimal(0)
     retries: int = Field(default=2, ge=0, le=20)
 
 
@@ -272,6 +278,16 @@ class ComposeSpec(_Strict):
     audio: Ident | None = None
 
 
+class PlanQuote(_Strict):
+    """The quote ``submit --budget-from-quote`` set the ceiling from (ledgerflow.views.quote): the total and
+    each stage's spend at that percentile, and when. Recorded with the plan in TaskCreated (quote --drift)."""
+
+    percentile: Literal["p50", "p95"]
+    total: Amount
+    stages: dict[Ident, Amount] = Field(default_factory=dict, max_length=MAX_STAGES + 2)
+    computed_at: datetime
+
+
 class Plan(_Strict):
     """A validated plan. Build it with :func:`load_plan` or :func:`validate_plan`, not directly."""
 
@@ -297,6 +313,7 @@ class Plan(_Strict):
     # before background, then the earlier deadline (rules.routing.rank; waiting moves a dispatch up).
     priority: Literal["hero", "standard", "background"] = "standard"
     stages: tuple[Stage, ...] = Field(min_length=1)
+    quote: PlanQuote | None = None  # set by ``submit --budget-from-quote`` (None: no quote)
 
     def stage(self, stage_id: str) -> Stage:
         for s in self.all_stages():
@@ -326,6 +343,9 @@ class Routes(_Strict):
 
     executors: frozenset[str]
     reviewers: frozenset[str]
+    # Executors a route of which is paid and declares no price: a stage on one needs an estimate, or nothing
+    # would bound what admission reserves for it (rules.pricing).
+    unpriced: frozenset[str] = frozenset()
 
 
 def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = None) -> Plan:
@@ -350,6 +370,7 @@ def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = 
     _check_nodes(plan)
     _check_graph(plan)
     _check_data(plan)
+    check_typed_refs(plan)  # artifact references come only from inputs: (rules.artifact_refs)
     _check_routes(plan, routes)
     _check_budget(plan)
     return plan
@@ -564,9 +585,19 @@ def _check_routes(plan: Plan, routes: Routes) -> None:
     for s in plan.stages:
         if s.executor not in routes.executors:
             raise PlanError(f"stage {s.id!r}: executor {s.executor!r} has no route")
+        if s.estimate == 0 and s.executor in routes.unpriced:
+            raise PlanError(
+                f"stage {s.id!r}: estimate is 0 and route {s.executor!r} is paid with no declared price: "
+                "give the stage an estimate or the route a price"
+            )
         undo = s.compensation.executor if s.compensation is not None else None
         if undo is not None and (undo in FRAMEWORK_STAGES or undo not in routes.executors):
             raise PlanError(f"stage {s.id!r}: compensation executor {undo!r} has no route")
+        if s.compensation is not None and s.compensation.estimate == 0 and undo in routes.unpriced:
+            raise PlanError(
+                f"stage {s.id!r}: compensation estimate is 0 and route {undo!r} is paid with no declared "
+                "price: give the compensation an estimate or the route a price"
+            )
         if s.reviewer is not None and s.reviewer not in routes.reviewers:
             raise PlanError(f"stage {s.id!r}: reviewer {s.reviewer!r} has no mapping")
     for r in plan.review.reviewers:

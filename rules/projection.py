@@ -51,6 +51,7 @@ from rules.events import (
 from rules.keys import key_fraction
 from rules.plan import REVIEW, Plan, TimeoutPolicy, Value
 from rules.pressure import Reading
+from rules.pricing import PriceBook
 
 # Voids (provably never sent) a node may have per round before they count against its attempts.
 FREE_VOIDS = 3
@@ -233,6 +234,10 @@ class Projection:
     spent: Decimal = Decimal(0)
     reserved: Decimal = Decimal(0)
     reservations: dict[str, Decimal] = field(default_factory=dict)  # operation key -> outstanding reservation
+    # The task's price book (TaskCreated.prices; None before price books) and, per stage, the dearest
+    # settled operation so far: what admission prices the stage's next node at (rules.pricing).
+    prices: PriceBook | None = None
+    observed: dict[str, Decimal] = field(default_factory=dict)
     inference_spent: Decimal = Decimal(0)
     review: ReviewView | None = None
     rework_rounds: int = 0
@@ -344,6 +349,7 @@ def new_projection(created: StoredEvent) -> Projection:
         graph=graph,
         created_at=created.recorded_at,
         ceiling=event.plan.budget_ceiling,
+        prices=event.prices,
     )
     # Node order (topological) is the order the rules iterate in; every node starts idle.
     p.nodes = {
@@ -689,6 +695,8 @@ def _settle(p: Projection, node: NodeView, operation_key: str, actual: Decimal) 
     """An operation's result: its reservation is released and its actual cost spent (as the ledger does)."""
     _release(p, node, operation_key)
     _spend(p, node, actual)
+    if operation_key not in p.undo_of and actual > p.observed.get(node.stage, Decimal(0)):
+        p.observed[node.stage] = actual  # an undo's cost prices no node of the stage
 
 
 def _release(p: Projection, node: NodeView, operation_key: str) -> None:
@@ -819,6 +827,19 @@ def summary(p: Projection) -> dict[str, Any]:
             }
             for n in p.nodes.values()
         },
+        # A task submitted with --budget-from-quote: its spend against the quote it was priced from, in the
+        # status and in the workflow's result (the drift is recorded in the history when the task ends).
+        **(
+            {
+                "quote": {
+                    "percentile": p.plan.quote.percentile,
+                    "total": str(p.plan.quote.total),
+                    "drift": str(p.spent - p.plan.quote.total),
+                }
+            }
+            if p.plan.quote is not None
+            else {}
+        ),
         **(
             {
                 "compensations": {

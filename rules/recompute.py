@@ -39,11 +39,12 @@ from decimal import Decimal
 from typing import Any, Final
 
 from rules import routing
-from rules.actions import Action, Dispatch, Escalate, SuspendForHuman
+from rules.actions import Action, Compensate, Dispatch, Escalate, SuspendForHuman
 from rules.envelope import StoredEvent
 from rules.events import Decision, Intent, MarkerKind, SystemMarker, parse, parse_as
 from rules.keys import refused_intent_key
 from rules.llm import MODEL_UNAVAILABLE, PROPOSAL_REFUSED, ask_person, check_llm_action, parse_proposal
+from rules.people import UNDO_REQUEST
 from rules.projection import (
     NodeView,
     Projection,
@@ -435,7 +436,9 @@ def _same(decided: tuple[str, Action] | None, rule: str, recorded: Action) -> bo
     if decided is None:
         return False
     got_rule, action = decided
-    return got_rule == rule and (action == recorded or _refused_dispatch(action, recorded))
+    return got_rule == rule and (
+        action == recorded or _refused_dispatch(action, recorded) or _refused_undo(action, recorded)
+    )
 
 
 def _refused_dispatch(decided: Any, recorded: Any) -> bool:
@@ -444,6 +447,16 @@ def _refused_dispatch(decided: Any, recorded: Any) -> bool:
         isinstance(decided, Dispatch)
         and isinstance(recorded, Escalate)
         and recorded.reason.startswith(BUDGET_REFUSED.format(node=decided.node))
+    )
+
+
+def _refused_undo(decided: Any, recorded: Any) -> bool:
+    """The rules undid an output; the ledger refused its reservation, so its escalation was recorded."""
+    return (
+        isinstance(decided, Compensate)
+        and isinstance(recorded, Escalate)
+        and recorded.request is not None
+        and recorded.request.id == f"{UNDO_REQUEST}{decided.operation_key}"
     )
 
 

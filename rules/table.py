@@ -28,12 +28,12 @@ from rules.actions import (
     SuspendForHuman,
     Wait,
 )
-from rules.admission import admits
+from rules.admission import admits, node_price
 from rules.events import MarkerKind, Verdict
 from rules.inputs import input_hash, reference, sources
 from rules.keys import compensation_key, gate_key, operation_key
-from rules.people import context_package
-from rules.plan import REVIEW, TimeoutPolicy
+from rules.people import UNDO_REQUEST, context_package
+from rules.plan import REVIEW, Stage, TimeoutPolicy
 from rules.pressure import describe as describe_pressure
 from rules.pressure import width as pressure_width
 from rules.projection import RETRYABLE, CompensationView, FailureInfo, NodeStatus, NodeView, Projection
@@ -343,10 +343,36 @@ def _undo_next(p: Projection, now: datetime) -> CompensationView | None:
     """The output to undo now: the newest still to undo, one at a time (a saga undoes in reverse order), once
     its retry time came."""
     left = p.uncompensated()
-    if not left or any(v.in_flight for v in left):
+    if not left or any(v.in_flight for v in left) or _undo_waits_for_money(p):
         return None
     newest = left[0]
     return newest if newest.retry_at is None or now >= newest.retry_at else None
+
+
+def _undo_waits_for_money(p: Projection) -> bool:
+    """An undo the budget could not carry asked a person (``undo_refused``) and is not answered yet."""
+    return any(r.open and rid.startswith(UNDO_REQUEST) for rid, r in p.requests.items())
+
+
+# How an undo's escalation begins when a scope cannot carry it (its id: rules.people.UNDO_REQUEST).
+UNDO_REFUSED: Final = "undo of {node}'s output waits for budget: "
+
+
+def undo_refused(p: Projection, action: Compensate, why: str, scope: str | None) -> Escalate:
+    """The escalation when the ledger refuses an undo's reservation (a scope above the task is short, or the
+    task's own past its stage's overdraw cap). Never skipped: R12 waits with the undo pending until a person
+    adds budget to ``scope`` and resumes (or aborts, leaving it undone on record)."""
+    reason = UNDO_REFUSED.format(node=action.node) + why
+    request = HumanRequest(
+        id=f"{UNDO_REQUEST}{action.operation_key}",
+        kind=RequestKind.ESCALATION,
+        reason=reason[:2000],
+        node=action.node,
+        options=_RESUME_OPTIONS,
+        budget_scope=scope,
+        context=context_package(p, RequestKind.ESCALATION, action.node, _RESUME_OPTIONS),
+    )
+    return Escalate(reason=reason, terminal=False, request=request)
 
 
 def _compensate_when(p: Projection, now: datetime) -> bool:
@@ -377,6 +403,7 @@ def _compensate_then(p: Projection, now: datetime) -> Action:
         operation_key=compensation_key(v.compensates, attempt),
         executor=spec.executor,
         estimate=spec.estimate,
+        overdraw=spec.overdraw,
         input=request,
         reason=f"undo {v.node}'s output {v.compensates}: {(p.terminal_reason or '')[:300]}",
     )
@@ -435,12 +462,10 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
     output = stage.output.model_dump(mode="json") if stage.output is not None else None
     digest = input_hash(request, node=n.id, executor=stage.executor, output=output)
     reuse = next((o for o in reversed(n.outputs) if o.reusable and o.input_hash == digest), None)
-    if reuse is None and not admits(p, stage.estimate):  # a reuse spends nothing: nothing to admit
+    price, priced_by = node_price(p, stage)
+    if reuse is None and not admits(p, price):  # a reuse spends nothing: nothing to admit
         return escalate(
-            p,
-            BUDGET_REFUSED.format(node=n.id) + f"needs {stage.estimate}, "
-            f"spent {p.spent} + reserved {p.reserved} of {p.ceiling}",
-            node=n.id,
+            p, BUDGET_REFUSED.format(node=n.id) + _shortfall(p, stage, price, priced_by), node=n.id
         )
     attempt = n.attempts + 1
     return Dispatch(
@@ -450,13 +475,30 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
         executor=stage.executor,
         # A reuse sends nothing and costs nothing; if its bytes turn out to be gone, the attempt is voided and
         # the next one is a real dispatch, admitted at the stage's estimate.
-        estimate=Decimal(0) if reuse is not None else stage.estimate,
+        estimate=Decimal(0) if reuse is not None else price,
+        plan_estimate=stage.estimate if reuse is None and price != stage.estimate else None,
+        priced_by=priced_by if reuse is None else "",
         reason=f"{reason}; reusing {reuse.operation_key} (same input hash)" if reuse is not None else reason,
         input=request,
         input_hash=digest,
         reuse={"operation_key": reuse.operation_key, "artifact": reuse.artifact}
         if reuse is not None
         else None,
+    )
+
+
+def _shortfall(p: Projection, stage: Stage, price: Decimal, priced_by: str) -> str:
+    """What a person is told when admission refuses a node: what it needs and why, what is left, and what
+    the stage's nodes not yet run would cost at that price."""
+    if not priced_by:  # the plan's estimate: worded as before price books (recorded escalations recompute)
+        return f"needs {price}, spent {p.spent} + reserved {p.reserved} of {p.ceiling}"
+    rest = sum(
+        1 for nid in p.graph.stage_nodes[stage.id] if not p.nodes[nid].done and not p.nodes[nid].in_flight
+    )
+    return (
+        f"needs {price} ({priced_by}; the plan estimated {stage.estimate}), "
+        f"spent {p.spent} + reserved {p.reserved} of {p.ceiling}; "
+        f"the stage's {rest} nodes not yet run would cost {price * rest}"
     )
 
 
@@ -506,7 +548,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # table decides, and keep the old table importable, so an audit recomputes each decision with the table that
 # made it (and reports apart where today's table would decide differently).
 # 2: backpressure (rules.pressure) and compensation (a terminal task's compensating phase).
-RULES_VERSION: Final = 2
+# 3: admission at the worst credible cost (rules.pricing: the price book, the stage's observed price).
+RULES_VERSION: Final = 3
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),

@@ -28,21 +28,32 @@ from rules.table import RULES_VERSION, decide
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
 
+def _decide_v2(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 2: today's table without what table 3 added — admission at the worst credible cost (it admitted
+    every node at its plan's estimate: no price book, no observed price). Exact: with no price book, table 3
+    prices every node at its estimate."""
+    book, p.prices = p.prices, None
+    try:
+        return decide(p, now)
+    finally:
+        p.prices = book
+
+
 def _decide_v1(p: Projection, now: datetime) -> tuple[str, Action] | None:
-    """Table 1: today's table without what table 2 added — backpressure (it ignored the human load a task's
-    INTENTs recorded) and compensation (it decided nothing once the task was terminal). Everything else is
+    """Table 1: table 2 without what it added — backpressure (it ignored the human load a task's INTENTs
+    recorded) and compensation (it decided nothing once the task was terminal). Everything else is
     unchanged, so this is exact and needs no copy of the old module."""
     if p.terminal:
         return None
     reading, p.pressure = p.pressure, None
     try:
-        return decide(p, now)
+        return _decide_v2(p, now)
     finally:
         p.pressure = reading
 
 
 # version -> that table's ``decide``. Today's table is always here under today's version.
-_TABLES: Final[dict[int, Decide]] = {1: _decide_v1, RULES_VERSION: decide}
+_TABLES: Final[dict[int, Decide]] = {1: _decide_v1, 2: _decide_v2, RULES_VERSION: decide}
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block
 
 

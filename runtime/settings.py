@@ -52,6 +52,16 @@ class Settings(BaseSettings):
     # max_poll_interval_seconds.
     poll_interval_seconds: float = 0.05
     max_poll_interval_seconds: float = Field(default=5.0, gt=0, le=300)
+    # A new task's price book learns each route's price from its last this-many settled results in the
+    # ledger (rules.pricing); 0: learn nothing (declared prices and estimates only — the test suite, whose
+    # tests share one ledger and make its routes misbehave on purpose, sets this).
+    price_history: int = Field(default=50, ge=0, le=10_000)
+    # … read at most this often per worker (a burst of new tasks reads the ledger once; each records it).
+    price_cache_seconds: float = Field(default=60.0, ge=0, le=86_400)
+    # A signed decision counts only if issued within this many seconds of reaching Temporal (either way):
+    # a decision replayed later, or signed ahead, is refused and the refusal recorded (rules.people). The
+    # audit re-verifies recorded decisions with the same window.
+    decision_window_seconds: float = Field(default=600.0, gt=0, le=86_400)
     # Open requests a project's people can hold (rules.pressure): above it, fan-outs widen slowly. 0: off.
     human_capacity: int = Field(default=0, ge=0, le=100_000)
     # Activities one worker runs at once (executors, ledger writes, closes).
@@ -74,12 +84,20 @@ class Settings(BaseSettings):
     graceful_shutdown_seconds: float = Field(default=20.0, ge=0, le=3600)
     # How long a worker may go silent before Temporal gives its activity to another worker.
     heartbeat_timeout_seconds: float = 30.0
-    # ``dev`` (LEDGERFLOW_ENV=dev: the embedded stack writes it into stack.json, the tests set it) allows the
-    # demo approver keys and default secrets; anything else is production, where they are refused.
+    # ``dev`` (LEDGERFLOW_ENV=dev: the embedded stack passes it to the processes it starts, the tests set it)
+    # allows the demo approver keys and default secrets; anything else is production, where they are refused.
+    # Read from the environment at process start only: never from stack.json or any other file (issue 24 §7).
     env: str | None = None
     # The reviewer page's login tokens: approver name -> token, as a JSON object (LEDGERFLOW_REVIEW_TOKENS).
     # A token only logs a person in: every decision is still signed in their browser with their own key.
     review_tokens: SecretStr = SecretStr("{}")
+    # What each token's approver may see on the page: approver name -> scopes, as a JSON object
+    # (LEDGERFLOW_REVIEW_SCOPES; ledgerflow.review.auth.parse_scopes). None: every token sees every project.
+    review_scopes: str | None = None
+    # The key the reviewer page signs its session cookies with (LEDGERFLOW_REVIEW_SESSION_SECRET, 32+
+    # characters): the same on every replica, so each accepts the others' cookies. Required outside dev mode
+    # (the page will not start without it); unset in dev mode, a random one per process.
+    review_session_secret: SecretStr | None = None
 
     def credential(self, env_name: str) -> str:
         """The secret a route's ``credential_env`` names. Read inside the worker only, never passed on."""
@@ -145,8 +163,9 @@ class Settings(BaseSettings):
 
     @property
     def dev(self) -> bool:
-        """Dev mode: LEDGERFLOW_ENV=dev, or the embedded stack's stack.json says so."""
-        return (self.env or str(self.stack().get("env") or "")) == "dev"
+        """Dev mode: LEDGERFLOW_ENV=dev when the process started. A file (stack.json in the working directory)
+        turns nothing on; the CLI learns it from the stack it talks to (``ledgerflow.client.stack_dev``)."""
+        return self.env == "dev"
 
     def review_token_map(self) -> dict[str, str]:
         """The reviewer page's tokens. ConfigError (naming no token) if not a JSON object of strings."""

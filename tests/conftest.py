@@ -47,6 +47,11 @@ SIM_KEY = "sk-test-4f1c9e"
 # The tests run in dev mode (every process they start inherits it): the demo approvers' keys are registered
 # (``demo_keys``) and tests sign with them (runtime.signing.demo_key).
 os.environ["LEDGERFLOW_ENV"] = "dev"
+# Tests share one ledger and make its routes misbehave on purpose (a vendor that bills 5× its estimate): a
+# price learned from one test's results would price the next test's nodes. The price book's learned part is
+# off for the suite (every process it starts inherits this); tests/workflows/test_pricing_e2e.py turns it on
+# for a route of its own.
+os.environ["LEDGERFLOW_PRICE_HISTORY"] = "0"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -141,12 +146,20 @@ class Sim:
         config = SimConfig.model_validate(fields)
         (await self.http.put("/admin/config", json=config.model_dump(mode="json"))).raise_for_status()
 
-    async def charges(self, prefix: str = "") -> list[dict[str, Any]]:
+    async def charges(self, prefix: str = "", *, chat: bool = False) -> list[dict[str, Any]]:
+        """The vendor's charges whose key starts with ``prefix``: its generations (what ``vendor_spend``
+        counts), or with ``chat`` its model calls too (billed by the request id the review and the planner
+        send, ``TASK:review:a1``, ``TASK:decision:N``)."""
         r = await self.http.get("/charges")
         r.raise_for_status()
-        return [c for c in r.json()["charges"] if c["idempotency_key"].startswith(prefix)]
+        return [
+            c
+            for c in r.json()["charges"]
+            if c["idempotency_key"].startswith(prefix) and (chat or c.get("protocol") != "chat")
+        ]
 
     async def total(self, prefix: str) -> Decimal:
+        """What the vendor billed for generations under ``prefix`` (model calls apart)."""
         return sum((Decimal(c["amount"]) for c in await self.charges(prefix)), Decimal(0))
 
 
@@ -288,3 +301,14 @@ async def lf(
 def lf_with(temporal: Client, pg_url: str, simulator_url: str, recorder: Recorder, tmp_path: Path) -> Any:
     """``async with lf_with(routes=…, **settings) as lf:`` — a worker with the test's own routes/settings."""
     return functools.partial(running_ledgerflow, temporal, pg_url, simulator_url, recorder, tmp_path)
+
+
+@pytest.fixture
+def lf_on(temporal: Client, simulator_url: str, recorder: Recorder, tmp_path: Path) -> Any:
+    """``async with lf_on(database_url, …) as lf:`` — a worker on a database login of the test's own (a
+    least-privilege role), otherwise as ``lf_with``."""
+
+    def start(database_url: str, **overrides: Any) -> Any:
+        return running_ledgerflow(temporal, database_url, simulator_url, recorder, tmp_path, **overrides)
+
+    return start

@@ -12,12 +12,19 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
         max_accept_seconds: 30        # how long after the client gave up a submit may still create a job
         price: {per_second: 0.30}     # used where the vendor reports no cost
         concurrency: 8                # jobs in flight at once, across every task and worker
+        monthly_cap: 500              # spend per calendar month (UTC) on this route, across every task
         timeouts: {request: 10s}
         allow_hosts: [cdn.example.com]  # origins besides base_url's that receive the key (https://host:443)
         allow_private: []             # origins on private/loopback addresses result URLs may name (no key)
         max_result_bytes: 2GiB        # a result larger than this is refused (invalid_output, at its cost)
         max_json_bytes: 16MiB         # an API answer larger than this is unreadable
     reviewers: [compliance.rules, content.llm]
+
+``monthly_cap`` is the vendor contract's ceiling, not a plan's: a budget account per month,
+``route:video.motion:2026-12``, created by the month's first dispatch with the cap as its ceiling; every
+dispatch this route serves reserves its price there too, and one that does not fit is refused and escalated
+naming that scope (an operator raises it: ``ledgerflow budget set route:video.motion:2026-12 600``). A cap
+changed in the file applies from the next month's account; ``budget set`` changes the current one.
 
 Everything is validated at load with one line naming the route and field (``RouteError``); ``json_schema()``
 is the file's JSON schema (``ledgerflow routes schema``). Without a file, every executor of the built-in table
@@ -51,6 +58,7 @@ from pydantic import (
 
 from rules.money import Amount
 from rules.plan import Routes, Seconds
+from rules.pricing import RoutePrice
 from rules.routing import BreakerPolicy, Candidate
 from runtime.settings import ConfigError, Settings
 
@@ -219,6 +227,13 @@ class RouteSpec(_Strict):
     # ``priority_aging`` waited moves it up a class, so nothing starves.
     concurrency: int | None = Field(default=None, ge=1, le=10000)
     priority_aging: Seconds = 60.0
+    # Spend per calendar month (UTC) on this route, across every task and worker: the vendor contract's
+    # ceiling (None: no cap). A budget scope of its own, ``route:NAME:YYYY-MM`` (ledger.accounts.hold_route).
+    monthly_cap: Amount | None = Field(
+        default=None,
+        description="spend per calendar month (UTC) on this route across every task: the account"
+        " route:NAME:YYYY-MM, created with this ceiling by the month's first dispatch",
+    )
     timeouts: Timeouts = Timeouts()
     # Origins besides base_url's that receive the key with a result download (a CDN that wants it): a bare
     # host is https on port 443; ``http://host:port`` only in dev mode (deployment_table refuses it outside).
@@ -282,7 +297,34 @@ class RouteTable(_Strict):
 
     def names(self) -> Routes:
         """What plan validation checks a plan against."""
-        return Routes(executors=frozenset(self.routes), reviewers=self.reviewers)
+        unpriced = frozenset(
+            executor
+            for executor in self.routes
+            if any(not r.free and not r.declared for r in self.prices(executor))
+        )
+        return Routes(executors=frozenset(self.routes), reviewers=self.reviewers, unpriced=unpriced)
+
+    def prices(self, executor: str) -> tuple[RoutePrice, ...]:
+        """The declared prices of the routes that may serve ``executor``, primary first (rules.pricing)."""
+        return tuple(self._price(c.route) for c in self.chain(executor))
+
+    def _price(self, name: str) -> RoutePrice:
+        spec, price = self.routes[name], self.routes[name].price
+        return RoutePrice(
+            route=name,
+            per_call=price.per_call,
+            per_second=price.per_second,
+            per_1k_tokens=max(price.per_1k_input_tokens, price.per_1k_output_tokens),
+            free=spec.adapter == AdapterKind.LOCAL,
+        )
+
+    def caps(self, executor: str) -> tuple[tuple[str, Decimal], ...]:
+        """``(route, monthly_cap)`` of the routes that may serve ``executor`` and have a cap (``Routing``)."""
+        return tuple(
+            (c.route, cap)
+            for c in self.chain(executor)
+            if (cap := self.routes[c.route].monthly_cap) is not None
+        )
 
     def chain(self, executor: str) -> tuple[Candidate, ...]:
         """The routes that may serve ``executor``, primary first (rules.routing.choose)."""

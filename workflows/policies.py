@@ -53,6 +53,9 @@ UI_STORY = "ui-story-v1"
 CONTINUE_AS_NEW = "continue-as-new-v1"
 # A failed or aborted task undoes its compensable outputs (rules.table R12) before its end state is final.
 COMPENSATION = "compensation-v1"
+# An undo the budget cannot carry asks a person (rules.table.undo_refused): the compensating phase rules on
+# people's decisions as they arrive (runs recorded before recorded them only once the task's end was final).
+UNDO_BUDGET = "undo-budget-v1"
 DECISION_BATCH = 100
 # Ledger events per local activity result when a run reads a long ledger (opening, refolding): an event is at
 # most ~20 kB (a Decision's raw output), so a page stays under Temporal's 2 MB payload limit.

@@ -81,7 +81,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from rules.people import decision_ref, final_deadline
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
-    from rules.table import RULES_VERSION, budget_refused, decide, next_deadline, past_deadline
+    from rules.table import (
+        RULES_VERSION,
+        budget_refused,
+        decide,
+        next_deadline,
+        past_deadline,
+        undo_refused,
+    )
     from workflows.contracts import EPISODE, PROJECT, SPENT, STATE, VERDICT, WAITING, TaskInput, TaskResult
     from workflows.policies import (
         ADOPT_BEFORE_WAIT,
@@ -102,6 +109,7 @@ with workflow.unsafe.imports_passed_through():
         STAGE_RETRY,
         SUGGESTION_MIN_GROWTH,
         UI_STORY,
+        UNDO_BUDGET,
     )
 
 # What the ledger's local activities return (all but open_task): the events after the caller's watermark.
@@ -224,7 +232,8 @@ class TaskWorkflow:
         """The compensating phase of a failed or aborted task (rules.table R12), once nothing else is in
         flight: each compensable output is undone, newest first, by an operation with its own INTENT; the end
         state is final when none is left (undone, or given up after its retries). The workflow writes these
-        INTENTs itself — the closing marker bars executors from writing any — reserving even past a ceiling.
+        INTENTs itself — the closing marker bars executors from writing any — reserving past the task's
+        ceiling by at most the stage's overdraw cap; an undo a scope cannot carry asks a person and waits.
         """
         while True:
             if self._fenced is not None:
@@ -232,6 +241,8 @@ class TaskWorkflow:
                     f"run fenced off: {self._fenced}", type=ErrorType.STALE_EPOCH, non_retryable=True
                 )
             self._adopt_open_operations(p)  # a run that took the task over: the undo a lost run began
+            if self._inbox and workflow.patched(UNDO_BUDGET):
+                await self._take_decisions(p)  # the budget an undo waits for, and its resume
             self._tell(p)
             now = workflow.now()
             decided = decide(p, now)
@@ -464,12 +475,15 @@ class TaskWorkflow:
             after=p.watermark,
             reserve=reservation,
             overdraw=isinstance(action, Compensate),
+            overdraw_cap=action.overdraw if isinstance(action, Compensate) else Decimal(0),
         )
         try:
             new = await self._ledger(Activity.APPEND, append)
         except _BudgetRefused as refused:
             # A scope above the task (episode, project) is short: the INTENT was not written and nothing was
-            # reserved. Stop and ask a person instead (AddBudget + Resume continues).
+            # reserved. Stop and ask a person instead (AddBudget + Resume continues); an undo waits, pending.
+            if isinstance(action, Compensate):
+                return await self._record(p, rule, undo_refused(p, action, str(refused), refused.scope))
             assert isinstance(action, Dispatch)
             return await self._record(p, rule, budget_refused(p, action.node, str(refused), refused.scope))
         self._apply(p, new)
@@ -557,6 +571,7 @@ class TaskWorkflow:
                 epoch=self._epoch,
                 executor=action.executor,
                 estimate=action.estimate,
+                plan_estimate=action.plan_estimate if isinstance(action, Dispatch) else None,
                 input=action.input,  # on the wire once: inside the INTENT when there is one to write
                 priority=p.plan.priority,
                 undo=isinstance(action, Compensate),

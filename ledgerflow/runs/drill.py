@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import yaml
@@ -36,7 +36,9 @@ from ledgerflow.views.stats import percentile
 from rules.actions import OPERATION_KINDS
 from rules.events import vendor_spend
 from rules.keys import is_result_key
+from rules.operation import overrun_bound
 from rules.projection import fold
+from rules.table import BUDGET_REFUSED
 from runtime.faults import POINTS
 from runtime.settings import Settings
 from workflows.contracts import TaskInput, workflow_id
@@ -45,12 +47,19 @@ from workflows.task import TaskWorkflow
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = """
 goal: drill pipeline {n}
-budget_ceiling: 50
+budget_ceiling: {ceiling}
 stages:
   - {{id: script, executor: llm.text, estimate: 0.10}}
-  - {{id: shots, executor: image.keyframe, estimate: 0.40, depends_on: [script], fan_out: 3, canary: false}}
+  - {{id: shots, executor: image.keyframe, estimate: 0.40, depends_on: [script],
+     fan_out: 3, canary: {canary}}}
   - {{id: edit, executor: edit.assembly, estimate: 0.20, depends_on: [shots]}}
 """
+# The plain drill's plan never meets its ceiling. The realistic drill's keyframe vendor bills 4× what the plan
+# estimates (examples/simulator_realistic.json): its canary's price prices the fan-out, the ceiling stops it,
+# and the person adds budget (``BUDGET_ADDED``), as a producer would after reading what the rest would cost.
+PLAIN_PLAN: Final = {"ceiling": "50", "canary": "false"}
+REALISTIC_PLAN: Final = {"ceiling": "3.00", "canary": "true"}
+BUDGET_ADDED: Final = "5.00"
 SIM_CONFIG = {
     "seed": 0,
     "default": {"latency_seconds": 0.3},
@@ -137,6 +146,13 @@ class DrillReport:
     anomalies: int = 0
     late_charges: int = 0
     decisions: int = 0  # dead letters and escalations the drill answered as a person
+    budget_added: int = 0  # … of which budget added to a task its ceiling stopped
+    # Spend past a task's ceiling (its last, budget added included), by the task it is largest for, and the
+    # bound on it (rules.pricing): the overrun of what was in flight when its last operation was admitted.
+    largest_overrun: Decimal = Decimal(0)
+    overrun_bound: Decimal = Decimal(0)
+    chat_ledger: Decimal = Decimal(0)  # the model calls' spend, as the ledger and as the vendor count it
+    chat_vendor: Decimal = Decimal(0)
     route_pauses: int = 0
     orphaned_intents: int = 0
     points: dict[str, int] = field(default_factory=dict)
@@ -155,11 +171,14 @@ class DrillReport:
         t.add_row("duplicate charges", str(self.duplicate_charges))
         t.add_row("ledger − vendor total", str(self.ledger_total - self.vendor_total))
         t.add_row("  not matched by a cost anomaly", str(self.unmatched))
+        t.add_row("model calls: ledger − vendor", str(self.chat_ledger - self.chat_vendor))
         t.add_row("cost anomalies recorded", str(self.anomalies))
         t.add_row("late charges recorded", str(self.late_charges))
         t.add_row("operations left open", str(self.orphaned_intents))
         t.add_row("route pauses (key rotated)", str(self.route_pauses))
-        t.add_row("decisions taken as a person", str(self.decisions))
+        t.add_row("decisions taken as a person", f"{self.decisions} ({self.budget_added} added budget)")
+        over = f"{self.largest_overrun} / {self.overrun_bound}"
+        t.add_row("largest spend past a ceiling / its bound", over)
         t.add_row("tasks completed / stuck", f"{self.completed} / {self.stuck} of {self.tasks}")
         t.caption = "kills by point: " + ", ".join(f"{k} {v}" for k, v in sorted(self.points.items()))
         return t
@@ -168,6 +187,7 @@ class DrillReport:
     def clean(self) -> bool:
         return (
             self.duplicate_charges == 0
+            and self.largest_overrun <= self.overrun_bound
             and self.unmatched == 0
             and self.orphaned_intents == 0
             and self.stuck == 0
@@ -225,7 +245,8 @@ async def run_drill(
     async def start_task() -> None:
         n = len(handles)
         tid = f"{prefix}-{n:03d}"
-        plan = lf.parse_plan(PLAN.format(n=n), tid, routes=_names(routes))
+        shape = REALISTIC_PLAN if profile == "realistic" else PLAIN_PLAN
+        plan = lf.parse_plan(PLAN.format(n=n, **shape), tid, routes=_names(routes))
         # A short heartbeat timeout: Temporal hands a dead worker's activity to the next worker in seconds.
         inp = TaskInput(task_id=tid, plan=plan, heartbeat_timeout_seconds=3)
         handles.append(
@@ -304,13 +325,15 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
     """Resume every dead letter and escalation of the drill's tasks, as a person would after checking them.
 
     An unknown outcome (the vendor cannot say whether a job ran) asks a person; in the drill the person
-    always resumes, so the node runs again under a new key and the task can finish. Decisions are signed
-    with the demo approver keys and sent as the ``decide`` signal, like ``ledgerflow decide``.
+    always resumes, so the node runs again under a new key and the task can finish. A task that stopped at its
+    ceiling is given ``BUDGET_ADDED`` more first. Decisions are signed with the demo approver keys and sent as
+    the ``decide`` signal, like ``ledgerflow decide``.
     """
     from ledgerflow.views.people import send, signed_payload
     from runtime.signing import demo_key
 
     answered: set[tuple[str, str]] = set()
+    added: set[tuple[str, str, str]] = set()
     while True:
         for tid in task_ids():
             events = rec.read_events(tid)
@@ -326,14 +349,21 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
                     or r.request.kind.value not in ("dead_letter", "escalation")
                 ):
                     continue
-                payload = signed_payload(
-                    demo_key("producer"), tid, rid, "resume", note="drill: checked, resume"
-                )
+                short = r.request.reason.startswith(BUDGET_REFUSED.split("{")[0])
+                if short and (tid, rid, "budget") not in added:
+                    decision, amount, note = "add-budget", BUDGET_ADDED, "drill: the rest is worth it"
+                else:
+                    decision, amount, note = "resume", None, "drill: checked, resume"
+                payload = signed_payload(demo_key("producer"), tid, rid, decision, note=note, amount=amount)
                 try:
                     await send(settings, tid, payload)
                 except Exception:  # the task ended meanwhile: nothing to answer
                     continue
-                answered.add((tid, rid))
+                if amount is not None:
+                    added.add((tid, rid, "budget"))  # then resumed, at the next look
+                    report.budget_added += 1
+                else:
+                    answered.add((tid, rid))
                 report.decisions += 1
         await asyncio.sleep(1.0)
 
@@ -349,11 +379,16 @@ def duplicates_and_total(mine: list[dict[str, Any]]) -> tuple[int, Decimal]:
     return len(keys) - len(set(keys)), sum((_money(c["amount"]) for c in mine), Decimal(0))
 
 
-def charges_for(vendor_url: str, task_ids: list[str]) -> list[dict[str, Any]]:
-    """The vendor's own charge list, for these tasks (an OperationKey starts with its task id)."""
+def charges_for(vendor_url: str, task_ids: list[str], *, chat: bool = False) -> list[dict[str, Any]]:
+    """The vendor's own charge list, for these tasks (an OperationKey starts with its task id): their
+    generations, or with ``chat`` their model calls too (billed by the request id each sends)."""
     charges = httpx.get(f"{vendor_url}/charges", timeout=10).json()["charges"]
     tasks = set(task_ids)
-    return [c for c in charges if c["idempotency_key"].split(":")[0] in tasks]
+    return [
+        c
+        for c in charges
+        if c["idempotency_key"].split(":")[0] in tasks and (chat or c.get("protocol") != "chat")
+    ]
 
 
 def _money(raw: str) -> Decimal:
@@ -389,7 +424,12 @@ async def _recovered(rec: Any, task: str, before: int, killed_at: float, timeout
 
 
 async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: list[str]) -> None:
-    charges = charges_for(str(settings.vendor_url), task_ids)  # the vendor's own billing, read once
+    # The vendor's own billing, read once: generations by OperationKey; the model calls (the review's, the
+    # planner's) by the request id they send, apart — a chat API takes no idempotency key.
+    billing = charges_for(str(settings.vendor_url), task_ids, chat=True)
+    charges = [c for c in billing if c.get("protocol") != "chat"]
+    chat = (_money(c["amount"]) for c in billing if c.get("protocol") == "chat")
+    report.chat_vendor = sum(chat, Decimal(0))
     report.duplicate_charges, report.vendor_total = duplicates_and_total(charges)
     report.tasks = len(task_ids)
     billed: dict[str, Decimal] = {}
@@ -400,6 +440,9 @@ async def _tally(report: DrillReport, rec: Any, settings: Settings, task_ids: li
         p = fold(events)
         report.completed += p.state.value == "Completed"
         report.stuck += not p.finished
+        report.chat_ledger += p.spent - vendor_spend(events)  # what the ledger spent on model calls
+        if (over := p.spent - p.ceiling) > report.largest_overrun:
+            report.largest_overrun, report.overrun_bound = over, overrun_bound(events)
         by_op: dict[str, list[Any]] = {}
         for e in events:
             if e.operation_key:

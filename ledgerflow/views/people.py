@@ -35,9 +35,11 @@ from rules.actions import RequestKind
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
 from rules.people import (
+    UNDO_REQUEST,
     burst_reasons,
     canonical,
     describe_resolution,
+    issued_now,
     parse_money,
     resolutions,
 )
@@ -218,8 +220,10 @@ def signed_payload(
     amount: str | None = None,
     scope: str | None = None,
     decision_id: str | None = None,
+    issued_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """A decision signed with the approver's private ``key`` (checks the user's input first)."""
+    """A decision signed with the approver's private ``key`` (checks the user's input first), issued now
+    (or at ``issued_at``): the worker refuses it once it arrives outside its window of that time."""
     if decision not in DECISIONS:
         raise ClientError(f"decision {decision[:40]!r} is not one of {', '.join(DECISIONS)}")
     wire = DECISIONS[decision]
@@ -235,7 +239,8 @@ def signed_payload(
     elif scope is not None:
         raise ClientError(f"--scope is only for add-budget, not {decision}")
     did = decision_id or str(uuid.uuid4())
-    message = canonical(task_id, did, request_id, wire, key.approver, key.key_id, amount, scope, note)
+    issued = issued_now(issued_at or datetime.now(UTC))
+    message = canonical(task_id, did, request_id, wire, key.approver, key.key_id, amount, scope, note, issued)
     return {
         "decision_id": did,
         "request_id": request_id,
@@ -245,6 +250,7 @@ def signed_payload(
         "note": note,
         "amount": amount,
         "scope": scope,
+        "issued_at": issued,
         "signature": key.sign(message),
     }
 
@@ -304,8 +310,8 @@ def ruling(p: Projection, events: list[StoredEvent], decision_id: str, request_i
     then never gets one, and is answered from the ledger: its request was resolved, or the task ended.
     """
     found = outcome(events, decision_id)
-    if found is not None or not p.terminal:
-        return found
+    if found is not None or not p.terminal or request_id.startswith(UNDO_REQUEST):
+        return found  # an undo waiting for budget is ruled on by the task's compensating phase
     resolution = resolutions(events, p.task_id).get(request_id)
     if resolution is not None:
         return Sent(decision_id, "already resolved", describe_resolution(resolution))
@@ -350,7 +356,7 @@ async def relay(
     (up to ``timeout``) for the worker's ruling in the ledger. ClientError if there is nothing to decide."""
     p, events = _task(settings, task_id)
     request_id = str(payload.get("request_id", ""))
-    if p.terminal:
+    if p.terminal and not request_id.startswith(UNDO_REQUEST):  # an undo waiting for budget is answered
         raise ClientError(f"task {task_id} is {p.state.value}: nothing to decide")
     if request_id not in p.requests:
         raise ClientError(f"no request {request_id[:200]!r} in task {task_id}")

@@ -249,6 +249,8 @@ def worker_env(
         LEDGERFLOW_VENDOR_MODE=vendor_mode,
         LEDGERFLOW_MARKS="1",
         LEDGERFLOW_ENV="dev",  # the demo approvers' keys are registered (tests/conftest.py)
+        # The shared ledger teaches no prices across tests (tests/conftest.py says why).
+        LEDGERFLOW_PRICE_HISTORY="0",
         PYTHONUNBUFFERED="1",
     )
     if hold_at:

@@ -94,7 +94,9 @@ def test_sync_rebuilds_a_tasks_rows_from_its_ledger_under_its_lease_lock(
 ) -> None:
     project = f"p-{uuid.uuid4().hex[:8]}"
     tid, epoch = task(recorder, project)
-    plan = load_plan("goal: g\nbudget_ceiling: 5\nstages:\n  - {id: a, executor: llm.text}\n", DEFAULT_ROUTES)
+    plan = load_plan(
+        "goal: g\nbudget_ceiling: 5\nstages:\n  - {id: a, executor: llm.text, estimate: 1}\n", DEFAULT_ROUTES
+    )
     recorder.append_fenced(tid, epoch, [to_new(TaskCreated(plan=plan), dedup_key=f"{tid}:created")])
     recorder.append_fenced(tid, epoch, [ask(tid, 1, "approval:a:v1"), ask(tid, 2, "approval:b:v1")])
     # As a database upgraded to 0004 with these requests already open would be, plus a row nothing explains.

@@ -139,6 +139,8 @@ LEDGER_TABLES = {
     "route_slots",
     "route_waiters",
     "human_queue",
+    "billing_reconciliation",
+    "route_holds",
 }
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column

@@ -43,6 +43,7 @@ from rules.events import (
     to_new,
 )
 from rules.plan import REVIEW, Plan, validate_plan
+from rules.pricing import PriceBook
 from rules.projection import Projection, apply, fold, index_problems, new_projection
 from rules.table import RULES_VERSION, decide
 from vendors.routes import DEFAULT_ROUTES
@@ -133,9 +134,9 @@ class History:
         return decide(self.fold(), self.now if now is None else now)
 
     # ── the events, by name ─────────────────────────────────────────────────────────────────────────
-    def created(self, plan: Plan) -> History:
+    def created(self, plan: Plan, prices: PriceBook | None = None) -> History:
         self.plan = plan
-        return self.append(TaskCreated(plan=plan), dedup_key=f"{self.task_id}:created")
+        return self.append(TaskCreated(plan=plan, prices=prices), dedup_key=f"{self.task_id}:created")
 
     def intent(
         self,

@@ -230,7 +230,8 @@ def test_bad_fan_out_is_refused_naming_the_stage(fan_out: Any, why: str) -> None
 
 
 def test_yaml_boolean_fan_out_is_refused_rather_than_read_as_one_item() -> None:
-    text = "goal: g\nbudget_ceiling: 10\nstages:\n  - {id: shots, executor: llm.text, fan_out: true}\n"
+    stages = "stages:\n  - {id: shots, executor: llm.text, estimate: 1, fan_out: true}\n"
+    text = "goal: g\nbudget_ceiling: 10\n" + stages
     with pytest.raises(PlanError, match=r"^stage 'shots': fan_out"):
         load_plan(text, DEFAULT_ROUTES)
     plan = load_plan(text.replace("true", "2"), DEFAULT_ROUTES)

@@ -18,7 +18,7 @@ from rules.llm import ask_person, check_llm_action, parse_proposal
 from rules.plan import REVIEW, Plan
 from rules.projection import Projection, apply, apply_provisional
 from rules.recompute import audit_decisions, recompute
-from rules.table import decide
+from rules.table import RULES_VERSION, decide
 from rules.table_versions import registered
 
 
@@ -113,26 +113,31 @@ def _retagged(h: History, node: str, version: int) -> tuple[list[StoredEvent], i
     return out, seq
 
 
+NEXT = RULES_VERSION + 1  # a table no INTENT was recorded by yet
+
+
 def test_an_intent_is_recomputed_with_the_table_version_it_records() -> None:
     h = _chain_history()
-    events, seq = _retagged(h, "b", 3)
-    with registered(3, _dispatches_a_before_b):
+    events, seq = _retagged(h, "b", NEXT)
+    with registered(NEXT, _dispatches_a_before_b):
         found = audit_decisions(events)
     assert [str(d) for d in found.divergences] == [
         f"seq {seq}: recorded R11 Dispatch(b), recomputed R9 SuspendForHuman"
     ]
-    assert found.today == ()  # today's table (v2) is the one that would have dispatched b
-    assert audit_decisions(events).divergences[0].recomputed == "nothing: rule table v3 is not registered"
+    assert found.today == ()  # today's table is the one that would have dispatched b
+    assert (
+        audit_decisions(events).divergences[0].recomputed == f"nothing: rule table v{NEXT} is not registered"
+    )
 
 
 def test_where_today_s_table_decides_otherwise_it_is_reported_apart_not_as_a_divergence() -> None:
-    h = _chain_history()  # every INTENT recorded by v2
-    with registered(3, _dispatches_a_before_b, as_today=True):
+    h = _chain_history()  # every INTENT recorded by today's table
+    with registered(NEXT, _dispatches_a_before_b, as_today=True):
         found = audit_decisions(h.events)
     assert found.ok and found.decisions == len([e for e in h.events if e.type == "Intent"])
     [differs] = found.today
-    assert str(differs).endswith("recorded R11 Dispatch(b), recomputed R9 SuspendForHuman (today's v3)")
-    assert table_versions.today()[0] == 2 and table_versions.table(3) is None  # the block restored both
+    assert str(differs).endswith(f"recorded R11 Dispatch(b), recomputed R9 SuspendForHuman (today's v{NEXT})")
+    assert table_versions.today()[0] == RULES_VERSION and table_versions.table(NEXT) is None  # both restored
 
 
 # ── the LLM's decisions ──────────────────────────────────────────────────────────────────────────────

@@ -23,7 +23,10 @@ def test_a_task_draws_on_its_project_episode_and_own_scope_outermost_first() -> 
 
 
 def test_the_plans_budget_scopes_are_the_chain() -> None:
-    text = "goal: g\nproject: p1\nepisode: e7\nbudget_ceiling: 5\nstages:\n  - {id: a, executor: llm.text}\n"
+    text = (
+        "goal: g\nproject: p1\nepisode: e7\nbudget_ceiling: 5\n"
+        "stages:\n  - {id: a, executor: llm.text, estimate: 1}\n"
+    )
     plan = load_plan(text, DEFAULT_ROUTES, task_id="t-1")
     assert budget_scopes(plan, "t-1") == scopes.chain("p1", "e7", "t-1", Decimal("5"))
 

@@ -158,13 +158,16 @@ class AdapterContract:
         env.stack.push_async_callback(adapters.aclose)
         activities = StageActivities(env.recorder, adapters, store, 0.02, pause_retry_s=0.5)
         request = await self.request(store)
+        # The plan as a person writes it: an input file comes through ``inputs:``, never as a reference in
+        # the free ``input`` (rules.artifact_refs refuses that); the operation below sends ``request`` itself.
+        written = {k: v for k, v in request.items() if k != "inputs"}
         plan = validate_plan(
             {
                 "goal": f"the adapter contract: {self.LABEL}",
                 "project": PROJECT,
                 "budget_ceiling": "100",
                 "stages": [
-                    {"id": "shot", "executor": executor, "estimate": str(self.ESTIMATE), "input": request}
+                    {"id": "shot", "executor": executor, "estimate": str(self.ESTIMATE), "input": written}
                 ],
             },
             table.names(),

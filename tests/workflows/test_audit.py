@@ -24,7 +24,7 @@ from rules.llm import ask_person
 from rules.plan import REVIEW, budget_scopes
 from rules.projection import Projection, fold
 from rules.recompute import audit_decisions
-from rules.table import decide
+from rules.table import RULES_VERSION, decide
 from rules.table_versions import registered
 from vendors.routes import AdapterKind, Price, RouteSpec, RouteTable
 
@@ -97,35 +97,37 @@ async def test_a_rule_changed_on_purpose_is_a_divergence_naming_the_seq_and_both
         task = await run_pipeline(lf, sim, n)
     events = lf.recorder.read_events(task)
     motion = next(e for e in events if e.type == "Intent" and e.payload["action"].get("node") == "motion")
-    assert motion.payload["rules"] == 2  # what the workflow records: today's RULES_VERSION
+    assert motion.payload["rules"] == RULES_VERSION  # what the workflow records: today's table
 
-    def v3(p: Projection, now: datetime) -> tuple[str, Action] | None:
-        """Version 3 of the table: a person approves the motion stage before it is dispatched."""
+    NEXT = RULES_VERSION + 1  # a table no INTENT was recorded by yet
+
+    def changed(p: Projection, now: datetime) -> tuple[str, Action] | None:
+        """The next version of the table: a person approves the motion stage before it is dispatched."""
         decided = decide(p, now)
         if decided is not None and isinstance(decided[1], Dispatch) and decided[1].node == "motion":
-            return "R9", ask_person(p, "v3: motion needs a person first")
+            return "R9", ask_person(p, f"v{NEXT}: motion needs a person first")
         return decided
 
-    # The ledger is append-only: the INTENT is re-tagged as decided by v3 in a copy, in memory.
+    # The ledger is append-only: the INTENT is re-tagged as decided by the next table in a copy, in memory.
     tampered = [
-        e.model_copy(update={"payload": {**e.payload, "rules": 3}}) if e.seq == motion.seq else e
+        e.model_copy(update={"payload": {**e.payload, "rules": NEXT}}) if e.seq == motion.seq else e
         for e in events
     ]
-    with registered(3, v3):
+    with registered(NEXT, changed):
         found = audit_decisions(tampered)
         [d] = found.divergences
         assert (d.seq, d.recorded, d.recomputed) == (motion.seq, "R11 Dispatch(motion)", "R9 SuspendForHuman")
         assert str(d) == f"seq {motion.seq}: recorded R11 Dispatch(motion), recomputed R9 SuspendForHuman"
-        # Today's table is still v2, which decided exactly that: nothing to report apart.
+        # Today's table decided exactly that: nothing to report apart.
         assert found.today == ()
-    # Were v3 today's table, the untouched record recomputes (each INTENT with v2, its own), and the audit
+    # Were the next table today's, the untouched record recomputes (each INTENT with its own), and the audit
     # says apart, without failing, where today's table would decide differently.
-    with registered(3, v3, as_today=True):
+    with registered(NEXT, changed, as_today=True):
         clean = audit_decisions(events)
     assert clean.ok
     [today] = clean.today
     assert (today.seq, today.recorded) == (motion.seq, "R11 Dispatch(motion)")
-    assert today.recomputed == "R9 SuspendForHuman (today's v3)"
+    assert today.recomputed == f"R9 SuspendForHuman (today's v{NEXT})"
     # --all's shape: one line per task with a problem, then the total.
     audited = [TaskAudit(task, clean, accounts=[]), TaskAudit("tampered", found, accounts=[])]
     lines = Audit(audited, every=True).lines()

@@ -139,8 +139,15 @@ async def test_a_plan_with_a_tiny_estimate_never_opens_a_breaker_its_vendor_bill
     charges = await check_money(sim, recorder, plan.task_id)
     assert {c["executor"] for c in charges} == {primary} and len(charges) == 4
     assert await sim.total(f"{plan.task_id}:") == 4 * PRICE
-    # Still flagged for the plan's owner: each charge is above its reservation.
-    assert sum("above the reserved estimate" in a.detail for a in anomalies(recorder, plan.task_id)) == 4
+    # Nor is the plan's owner surprised: admission reserved the route's declared price, not the plan's 0.001
+    # (rules.pricing), so no charge is above its reservation.
+    assert anomalies(recorder, plan.task_id) == []
+    reserved = [
+        (Decimal(e.payload["reservation"]), e.payload["action"]["priced_by"])
+        for e in recorder.read_events(plan.task_id)
+        if e.type == "Intent" and e.payload["action"].get("node", "").startswith("shots/")
+    ]
+    assert reserved == [(PRICE, f"declared by route {primary}")] * 4
 
 
 async def test_a_vendor_billing_far_above_its_declared_price_opens_its_breaker_once_per_task(
