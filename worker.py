@@ -80,7 +80,6 @@ async def build_worker(
     chat = ChatClient.from_settings(http, settings)
     ledger = LedgerActivities(
         recorder,
-        table.names(),
         table,
         price_history=settings.price_history,
         price_cache_s=settings.price_cache_seconds,

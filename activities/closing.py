@@ -33,7 +33,7 @@ from artifacts.store import ArtifactStore
 from ledger.errors import LedgerError, StaleEpoch
 from ledger.recorder import Recorder
 from reconcile.operations import Next, OperationState, reconcile, stop_step
-from rules.envelope import NewEvent, StoredEvent
+from rules.envelope import StoredEvent
 from rules.events import FailureKind
 from rules.operation import OperationRecord, fold_operations
 from vendors.adapter import Capabilities, JobStatus, VendorAdapter, job_amount
@@ -46,56 +46,6 @@ CLOSE_VENDOR_ATTEMPTS = 6  # with CLOSE_RETRY's backoff: about half a minute of 
 # Framework work (compose, review, gate) has no route: nothing to look up, and only the review pays (a model
 # call, which cannot be looked up either).
 FRAMEWORK = Capabilities(can_lookup=False, can_cancel=False, synchronous=True, has_billing=False)
-
-
-class ClosingOperation(Operation):
-    """An operation being closed by its run: every write is fenced by that run's epoch, in the write's own
-    statement (StaleEpoch, and nothing written, for a run that lost the task meanwhile)."""
-
-    @classmethod
-    def of(cls, op: Operation) -> ClosingOperation:
-        if isinstance(op, ClosingOperation):
-            return op
-        closing = cls(
-            op.recorder,
-            task_id=op.task_id,
-            node=op.node,
-            key=op.key,
-            epoch=op.epoch,
-            estimate=op.estimate,
-            route=op.route,
-            pause_retry_s=op.pause_retry_s,
-        )
-        closing.breaker, closing.billing_off = op.breaker, op.billing_off
-        return closing
-
-    async def write(
-        self,
-        event: NewEvent,
-        *,
-        release: Decimal = Decimal(0),
-        spend: Decimal = Decimal(0),
-        fenced: bool = True,
-        unless_resolved: bool = False,
-        span_name: str = "ledger.append",
-    ) -> tuple[StoredEvent, bool]:
-        return await super().write(
-            event,
-            release=release,
-            spend=spend,
-            fenced=True,
-            unless_resolved=unless_resolved,
-            span_name=span_name,
-        )
-
-    async def check_fence(self) -> None:
-        """StaleEpoch unless this run's epoch is still the task's: before the vendor is asked to cancel."""
-        current = await asyncio.to_thread(self.recorder.current_epoch, self.task_id)
-        if current is not None and current != self.epoch:
-            activity.logger.warning(
-                "fenced off: the task's epoch is now %d; not closing %s", current, self.key
-            )
-            raise StaleEpoch(self.task_id, self.epoch, current)
 
 
 class ClosingActivities:
@@ -114,16 +64,20 @@ class ClosingActivities:
         self.pause_retry_s = pause_retry_s
         self.actor = f"worker {socket.gethostname()}:{os.getpid()}"
 
-    def _operation(self, inp: StageInput | CloseInput, route: str | None) -> Operation:
+    def _operation(
+        self, inp: StageInput | CloseInput, route: str | None, *, epoch: int | None = None
+    ) -> Operation:
+        """The operation ``inp`` names; with ``epoch`` (a close), every write fenced by it."""
         return Operation(
             self.recorder,
             task_id=inp.task_id,
             node=inp.node,
             key=inp.operation_key,
-            epoch=inp.epoch,
+            epoch=inp.epoch if epoch is None else epoch,
             estimate=inp.estimate,
             route=route,
             pause_retry_s=self.pause_retry_s,
+            fence_writes=epoch is not None,
         )
 
     async def _pause(self, route: str, error: VendorError) -> RoutePaused:
@@ -142,9 +96,7 @@ class ClosingActivities:
         """
         route = inp.executor
         try:
-            op = ClosingOperation.of(self._operation(inp, None))
-            if not op.epoch:
-                op.epoch = await self._run_epoch(inp.task_id)
+            op = self._operation(inp, None, epoch=inp.epoch or await self._run_epoch(inp.task_id))
             try:
                 state = await op.open(fenced=False)
                 if state.result is not None:
@@ -201,12 +153,12 @@ class ClosingActivities:
         ``state``: the operation as already opened (unfenced), if it was.
         """
         executor = stage.executor
-        op = ClosingOperation.of(op)
+        op.fence_writes = True  # from here on, every write of the close is fenced by the run's epoch
         if state is None:
             state = await op.open(fenced=False)
         if state.result is not None:
             return state.result
-        await op.check_fence()
+        op.check_fence()
         try:
             adapter: VendorAdapter | None = self.adapters.get(executor)
         except Exception:

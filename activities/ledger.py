@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from decimal import Decimal
-from typing import Final
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -37,9 +36,6 @@ from rules.pricing import PriceBook, RoutePrice, price_book
 from runtime.faults import mark
 from vendors.routes import RouteTable
 
-# How long a worker reuses what the ledger taught about prices before reading it again.
-LEARNED_TTL_S: Final = 60.0
-
 
 class LedgerActivities:
     """Holds the recorder; each method is one short transaction (plus a read)."""
@@ -47,17 +43,18 @@ class LedgerActivities:
     def __init__(
         self,
         recorder: Recorder,
-        routes: Routes | None = None,
         table: RouteTable | None = None,
         *,
         price_history: int = 0,
-        price_cache_s: float = LEARNED_TTL_S,
+        price_cache_s: float = 60.0,
     ) -> None:
         self.recorder = recorder
-        self.routes = routes  # this deployment's routes: a new task's plan is validated against them
-        self.table = table  # … and their declared prices, for a new task's price book (rules.pricing)
+        # This deployment's routes: a new task's plan is validated against them (None: not validated), and
+        # their declared prices go into its price book (rules.pricing).
+        self.table = table
+        self.routes: Routes | None = table.names() if table is not None else None
         self.price_history = price_history  # results per route a learned price reads (0: none)
-        self.price_cache_s = price_cache_s
+        self.price_cache_s = price_cache_s  # how long a worker reuses what the ledger taught
         self._learned: tuple[float, frozenset[str], dict[str, tuple[Decimal, int]]] | None = None
         self._learned_lock = threading.Lock()
 

@@ -91,11 +91,16 @@ class Operation:
         estimate: Decimal,
         route: str | None = None,
         pause_retry_s: float = 30.0,
+        fence_writes: bool = False,
     ) -> None:
         self.recorder = recorder
         self.task_id, self.node, self.key = task_id, node, key
         self.epoch, self.estimate, self.route = epoch, estimate, route
         self.pause_retry_s = pause_retry_s
+        # Every write fenced by ``epoch``, in the write's own statement (a close: a run that lost the task
+        # writes nothing); else only the writes that ask for it.
+        self.fence_writes = fence_writes
+        self.seen_epoch: int | None = None  # the task's epoch as ``open`` read it
         self.breaker: RouteHealth | None = None  # the route's shared row, as ``open`` read it
         # Set when this attempt's own job was billed far above the route's own declared price: the route's
         # breaker counts the call as a failed one (once per task and breaker window: ``RouteStore.observe``).
@@ -114,7 +119,7 @@ class Operation:
         if view.epoch is None or view.now is None:
             raise LedgerError(f"task {self.task_id!r} has no lease: {self.key} cannot run")
         state = operation_state(view.events, view.now)
-        self.breaker = view.breaker
+        self.breaker, self.seen_epoch = view.breaker, view.epoch
         activity.logger.info("opened: %s", _described(state))
         if state.result is not None:
             return state
@@ -126,6 +131,15 @@ class Operation:
             activity.logger.info("route %s is paused: nothing is sent until a person resumes it", self.route)
             raise RoutePaused(self.route, view.paused, self.pause_retry_s)
         return state
+
+    def check_fence(self) -> None:
+        """StaleEpoch unless this run's epoch was still the task's when ``open`` read it: before a vendor is
+        asked to cancel (the writes that follow are fenced in their own statements)."""
+        if self.seen_epoch is not None and self.seen_epoch != self.epoch:
+            activity.logger.warning(
+                "fenced off: the task's epoch is now %d; not closing %s", self.seen_epoch, self.key
+            )
+            raise StaleEpoch(self.task_id, self.epoch, self.seen_epoch)
 
     async def run(
         self,
@@ -164,7 +178,7 @@ class Operation:
             event,
             release=release,
             spend=spend,
-            fence_epoch=self.epoch if fenced else None,
+            fence_epoch=self.epoch if fenced or self.fence_writes else None,
             unless=result_key(self.key) if unless_resolved else None,
         )
         marker = event.payload.get("kind") if event.type == "SystemMarker" else None

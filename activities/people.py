@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from temporalio import activity
 from temporalio.client import Client
@@ -59,8 +59,7 @@ class PeopleActivities:
         if not self.settings.dev:
             demo = demo_public_keys()
             registry = {kid: _refused_demo(k) if k.public_key in demo else k for kid, k in registry.items()}
-        window = timedelta(seconds=self.settings.decision_window_seconds)
-        return Keys(registry=registry, verify=verify, window=window)
+        return Keys(registry=registry, verify=verify, window=self.settings.decision_window)
 
     @activity.defn(name=Activity.PEOPLE_RECORD_BATCH)
     def record_batch(self, inp: RecordDecisionsInput) -> list[StoredEvent]:

@@ -260,21 +260,6 @@ def raise_on(
     conn.execute(_RAISE_CEILING, {"b_scope": scope, "b_amount": amount})
 
 
-def route_refused(
-    scope: str, ceiling: Decimal, spent: Decimal, reserved: Decimal, amount: Decimal
-) -> BudgetRefused:
-    """BudgetRefused for a route-month scope, its message saying what to do: a person's add_budget raises only
-    the task's own scopes, so an operator raises the month's cap (the vendor contract's ceiling)."""
-    refused = BudgetRefused(scope, ceiling, spent, reserved, amount)
-    hint = (
-        f"; {scope} is the route's monthly cap (the vendor contract's), not one of the task's budgets:"
-        f" an operator raises it with `ledgerflow budget set {scope} N`, then the task is resumed"
-    )
-    # The same type and fields (the workflow reads the scope from its details); only the message says more.
-    refused.args = (f"{refused.args[0]}{hint}",)
-    return refused
-
-
 def hold_route(
     conn: Connection,
     operation_key: str,
@@ -294,7 +279,7 @@ def hold_route(
     conn.execute(_OPEN_ROUTE_MONTH, {"b_scope": scope, "b_ceiling": as_money(f"monthly_cap of {route}", cap)})
     a = Account(*conn.execute(_LOCK_ACCOUNT, {"b_scope": scope}).one())
     if a.ceiling is not None and a.spent + a.reserved + amount > a.ceiling:
-        raise route_refused(a.scope, a.ceiling, a.spent, a.reserved, amount)
+        raise BudgetRefused(a.scope, a.ceiling, a.spent, a.reserved, amount)
     conn.execute(_ADD_RESERVED, {"b_scopes": [scope], "b_amount": amount})
     conn.execute(_HOLD, {"b_key": operation_key, "b_scope": scope, "b_amount": amount})
     return scope

@@ -11,6 +11,8 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
+from rules.scopes import ROUTE_PREFIX
+
 
 class LedgerError(Exception):
     """Base class of every error the ledger raises."""
@@ -75,9 +77,17 @@ class BudgetRefused(LedgerError):
         self, scope: str, ceiling: Decimal, spent: Decimal, reserved: Decimal, amount: Decimal
     ) -> None:
         left = ceiling - spent - reserved
+        # A route's monthly cap is the vendor contract's, not one of the task's budgets: a person's add_budget
+        # cannot raise it, so the message says who can.
+        hint = (
+            f"; {scope} is the route's monthly cap (the vendor contract's), not one of the task's budgets:"
+            f" an operator raises it with `ledgerflow budget set {scope} N`, then the task is resumed"
+            if scope.startswith(ROUTE_PREFIX)
+            else ""
+        )
         super().__init__(
             f"budget refused: {scope} has {_money(left)} left of {_money(ceiling)}"
-            f" (spent {_money(spent)}, reserved {_money(reserved)}), needs {_money(amount)}"
+            f" (spent {_money(spent)}, reserved {_money(reserved)}), needs {_money(amount)}{hint}"
         )
         self.scope = scope
         self.ceiling = ceiling

@@ -25,11 +25,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.types import Text
 
 from ledger.pgerrors import translated
+from ledger.schema import EVENT_COLUMNS, events, stored_event
 from ledger.schema import billing_reconciliation as table
-from ledger.schema import events
 from rules.envelope import StoredEvent
-
-KINDS: Final = ("unknown_charge", "ambiguous_charge", "credit", "run")
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,10 @@ _COUNTS: Final = (
     .group_by(table.c.kind, table.c.route)
     .order_by(table.c.kind, table.c.route)
 )
-_LAST_RUN: Final = select(func.max(table.c.recorded_at)).where(table.c.kind == "run")
+# The newest run by its id (the primary key): a run row is added every period, for ever.
+_LAST_RUN: Final = (
+    select(table.c.recorded_at).where(table.c.kind == "run").order_by(table.c.id.desc()).limit(1)
+)
 
 
 @dataclass(frozen=True)
@@ -121,21 +122,9 @@ def counts(engine: Engine) -> Counts:
 
 
 # ── the ledger's side ────────────────────────────────────────────────────────────────────────────────────
-_EVENT_COLUMNS: Final = (
-    events.c.task_id,
-    events.c.seq,
-    events.c.type,
-    events.c.schema_version,
-    events.c.epoch,
-    events.c.dedup_key,
-    events.c.operation_key,
-    events.c.payload,
-    events.c.recorded_at,
-)
-_EVENT_FIELDS: Final = tuple(c.name for c in _EVENT_COLUMNS)
 
 _BY_KEYS: Final = (
-    select(*_EVENT_COLUMNS)
+    select(*EVENT_COLUMNS)
     .where(events.c.operation_key == func.any(bindparam("b_keys", type_=ARRAY(Text))))
     .order_by(events.c.task_id, events.c.seq)
 )
@@ -155,7 +144,7 @@ def operation_events(engine: Engine, keys: Sequence[str]) -> list[StoredEvent]:
         return []
     with translated(), engine.connect() as conn:
         rows = conn.execute(_BY_KEYS, {"b_keys": sorted(set(keys))}).all()
-    return [StoredEvent.model_validate(dict(zip(_EVENT_FIELDS, r, strict=True))) for r in rows]
+    return [stored_event(r) for r in rows]
 
 
 def operations_with_jobs(engine: Engine, job_ids: Sequence[str]) -> list[str]:

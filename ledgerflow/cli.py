@@ -810,7 +810,7 @@ def stats(
         raise ClientError(str(e)) from None
     rec = lf.recorder(get_settings())
     try:
-        figures = slo.compute(task_histories(rec, unfinished=False), start, project).as_json()
+        figures = slo.compute(task_histories(rec), start, project).as_json()
     finally:
         rec.dispose()
     if as_json:

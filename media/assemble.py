@@ -21,7 +21,7 @@ from av.audio.stream import AudioStream
 from av.container import InputContainer, OutputContainer
 from av.video.frame import PictureType
 
-from media.probe import MediaInvalid, MediaProbe, probe
+from media.probe import MediaInvalid, MediaProbe, probe, probe_in_process
 from media.render import _MP4_OPTIONS, _X264_OPTIONS, LINEAGE_TAG, _replacing, lineage_json
 
 _AAC_BITS_PER_CHANNEL = 48_000
@@ -88,7 +88,7 @@ def assemble(
             if lineage is not None:
                 container.metadata[LINEAGE_TAG] = lineage_json(lineage)
             _encode(container, shots, fps, size, audio, total_frames)
-        result = probe(tmp)
+        result = probe_in_process(tmp)  # our own file: no child (the shots, a vendor's, were probed in one)
         # Belt and braces: never rename into place a file that does not hold every frame that went in.
         if result.frames != total_frames:
             raise MediaInvalid(f"assembled {result.frames} frames, expected {total_frames}")

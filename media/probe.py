@@ -9,7 +9,7 @@ The files come from vendors, so FFmpeg parses hostile bytes: ``probe`` decodes i
 module run as a script) with a clean environment, an address-space limit, a CPU limit, no core dumps and a
 wall-clock timeout. A file that makes the decoder crash, hang or balloon fails as :class:`MediaInvalid`
 (that output only); the worker's memory and threads are never at stake. ``probe_in_process`` is the
-decoding itself, for the child (and for files we wrote ourselves, if a caller wants to skip the child).
+decoding itself, for the child and for files we wrote ourselves (``media.assemble``'s output).
 """
 
 from __future__ import annotations

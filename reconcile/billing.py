@@ -43,8 +43,7 @@ from sqlalchemy import Engine
 from ledger import reconciliation as store
 from ledger.reconciliation import Finding
 from rules.envelope import StoredEvent
-from rules.operation import OperationRecord, fold_operations
-from rules.plan import COMPOSE, REVIEW
+from rules.operation import OperationRecord, fold_operations, served_by
 from runtime.settings import ConfigError
 from vendors.adapter import ChargeListing, VendorAdapter, VendorCharge
 from vendors.errors import VendorError
@@ -155,13 +154,18 @@ class Known:
                 by_job.setdefault(job, set()).add(key)
         return cls(ops, by_job)
 
-    def claims(self, c: VendorCharge) -> dict[str, OperationRecord]:
-        """The operations claiming a charge, each once, the key's first."""
+    def claims(self, line: Line, route_account: dict[str, str]) -> dict[str, OperationRecord]:
+        """The operations of the line's billing account claiming its charge, each once, the key's first —
+        as the audit matches (``audit --billing``): another account's operation never claims it, even with
+        the same job id. An operation whose route this table no longer has keeps its claim."""
+        c = line.charge
+        keyed = [c.operation_key] if c.operation_key and c.operation_key in self.ops else []
         out: dict[str, OperationRecord] = {}
-        if c.operation_key and c.operation_key in self.ops:
-            out[c.operation_key] = self.ops[c.operation_key][1]
-        for key in sorted(self.by_job.get(c.job_id, ())):
-            out[key] = self.ops[key][1]
+        for key in [*keyed, *sorted(self.by_job.get(c.job_id, ()))]:
+            op = self.ops[key][1]
+            served = served_by(op)
+            if served is None or route_account.get(served, line.account.id) == line.account.id:
+                out[key] = op
         return out
 
 
@@ -261,10 +265,21 @@ def _known(engine: Engine, lines: Sequence[Line]) -> Known:
         engine, [ln.charge.operation_key for ln in lines if ln.charge.operation_key]
     )
     known = Known.of(events)
-    loose = [ln.charge.job_id for ln in lines if not known.claims(ln.charge)]
+    loose = [
+        c.job_id
+        for c in (ln.charge for ln in lines)
+        if c.operation_key not in known.ops and c.job_id not in known.by_job
+    ]
     more = [k for k in store.operations_with_jobs(engine, loose) if k not in known.ops]
     if more:
-        known = Known.of([*events, *store.operation_events(engine, more)])
+        found = Known.of(store.operation_events(engine, more))  # only the new ones folded
+        known = Known(
+            {**known.ops, **found.ops},
+            {
+                j: known.by_job.get(j, set()) | found.by_job.get(j, set())
+                for j in {*known.by_job, *found.by_job}
+            },
+        )
     return known
 
 
@@ -290,7 +305,7 @@ def _judge(
         charged_at=c.at,
         run_id=run.run_id,
     )
-    claims = known.claims(c)
+    claims = known.claims(line, route_account)
     if len(claims) > 1:
         run.ambiguous += 1
         tasks = {k: known.ops[k][0] for k in claims}
@@ -305,17 +320,10 @@ def _judge(
         why = "no operation of the ledger holds its key or its job id"
         return _with(base, evidence=line.evidence() | {"reason": why}), f"unknown charge: {line}"
     [(key, op)] = claims.items()
-    framework = op.executor in (REVIEW, COMPOSE)
-    served = None if framework else op.route or op.executor
-    # A route this table no longer has cannot be placed: its operation's claim stands.
-    elsewhere = served is not None and served in route_account and route_account[served] != line.account.id
-    if framework or elsewhere:
+    served = served_by(op)
+    if served is None:
         run.unknown += 1
-        why = (
-            f"operation {key} is framework work ({op.executor}), which no vendor bills"
-            if framework
-            else f"operation {key} was served by route {served}, of another billing account"
-        )
+        why = f"operation {key} is framework work ({op.executor}), which no vendor bills"
         return _with(base, evidence=line.evidence() | {"reason": why}), f"unknown charge: {line}: {why}"
     run.matched += 1
     if not line.credit:

@@ -33,10 +33,13 @@ def needs_a_run(p: Projection) -> bool:
 
 
 def task_histories(
-    rec: Recorder, *, unfinished: bool, only: Collection[str] | None = None
+    rec: Recorder,
+    *,
+    keep: Callable[[Projection], bool] | None = None,
+    only: Collection[str] | None = None,
 ) -> list[tuple[Projection, list[StoredEvent]]]:
-    """Every task in the ledger (or the ``only`` ones), folded (only unfinished ones if asked: a task still
-    compensating is one); histories that do not start with TaskCreated (leases taken by something other than a
+    """Every task in the ledger (or the ``only`` ones), folded — those ``keep`` keeps, if given (a history it
+    drops is not held); histories that do not start with TaskCreated (leases taken by something other than a
     task) are not tasks and are skipped."""
     out = []
     for task_id in rec.task_ids() if only is None else sorted(only):
@@ -44,9 +47,14 @@ def task_histories(
         if not events or events[0].type != "TaskCreated":
             continue
         p = fold(events)
-        if not (unfinished and p.finished):
+        if keep is None or keep(p):
             out.append((p, events))
     return out
+
+
+def unfinished(p: Projection) -> bool:
+    """A task some run still has to finish (one compensating is unfinished too)."""
+    return not p.finished
 
 
 async def orphaned_tasks(
@@ -59,9 +67,7 @@ async def orphaned_tasks(
     """Tasks that need a run (``needs_a_run``) whose workflow (``workflow_id(task_id)``) is not running:
     candidates for takeover. ``only``: look at these tasks alone."""
     orphans = []
-    for p, _ in task_histories(rec, unfinished=False, only=only):
-        if not needs_a_run(p):
-            continue
+    for p, _ in task_histories(rec, keep=needs_a_run, only=only):
         try:
             described = await client.get_workflow_handle(workflow_id(p.task_id)).describe()
         except RPCError:

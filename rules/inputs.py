@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from rules.dag import Graph, NodeSpec
@@ -119,13 +121,29 @@ def is_ref(value: Any) -> bool:
 
 def refs(value: Any) -> list[dict[str, Any]]:
     """Every artifact reference in a request value, in order."""
-    if is_ref(value):
-        return [value]
-    if isinstance(value, dict):
-        return [r for v in value.values() for r in refs(v)]
-    if isinstance(value, list):
-        return [r for v in value for r in refs(v)]
-    return []
+    return [ref for _, ref in ref_paths(value)]
+
+
+def ref_paths(value: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every artifact reference in ``value`` with its path (``input.style.refs[1]``), in document order.
+    Iterative: a deep value costs steps, never a recursion."""
+    todo: list[tuple[Any, str]] = [(value, where)]
+    while todo:
+        item, path = todo.pop()
+        if is_ref(item):
+            yield path, item
+        elif isinstance(item, dict):
+            todo.extend((v, _key(path, k)) for k, v in reversed(list(item.items())))
+        elif isinstance(item, list | tuple):
+            todo.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
+
+
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+def _key(path: str, key: Any) -> str:
+    text = str(key)
+    return f"{path}.{text}" if _NAME.fullmatch(text) else f"{path}[{text[:40]!r}]"
 
 
 def _reduced(value: Any) -> Any:

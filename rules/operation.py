@@ -23,6 +23,7 @@ from rules.actions import OPERATION_KINDS
 from rules.envelope import StoredEvent
 from rules.events import MarkerKind
 from rules.keys import is_result_key, late_charge_key
+from rules.plan import COMPOSE, REVIEW
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,3 +210,12 @@ def overrun_bound(events: Iterable[StoredEvent]) -> Decimal:
             in_flight.discard(e.operation_key)
     ops = fold_operations(e for e in events if e.operation_key in at_last)
     return sum((max(Decimal(0), op.recorded - op.reservation) for op in ops.values()), Decimal(0))
+
+
+def served_by(op: OperationRecord) -> str | None:
+    """The route that served an operation: the one its INTENT chose (a fallback, while its primary's breaker
+    was open), else — a record from before routes were chosen — its executor's. None: framework work (the
+    review's model call, compose), which no vendor bills."""
+    if op.executor in (REVIEW, COMPOSE):
+        return None
+    return op.route or op.executor

@@ -56,7 +56,6 @@ FIELDS: Final = (
 )
 CANONICAL_VERSION: Final = "ledgerflow-decision-v2"  # no issued-at: recorded decisions of earlier releases
 CANONICAL_V3: Final = "ledgerflow-decision-v3"  # with issued-at (issue 24): what the CLI and the page sign
-WINDOW: Final = timedelta(minutes=10)  # the default: a decision issued further from its arrival is refused
 MAX_NOTE: Final = 2000
 MAX_ERROR_SHOWN: Final = 1000  # per failure in a context package
 MAX_FAILURES_SHOWN: Final = 50  # for a task-level request (no node): the most recent ones
@@ -78,6 +77,15 @@ Verify = Callable[[str, str, str], bool]
 UNDO_REQUEST: Final = "undo:"
 
 
+def rules_on(p: Projection, request_id: str) -> bool:
+    """Whether the task's loop still rules on decisions for ``request_id``: on every request until the task
+    ends; after its end, only on an open undo waiting for budget (its compensating phase waits for it)."""
+    if not p.terminal:
+        return True
+    view = p.requests.get(request_id)
+    return request_id.startswith(UNDO_REQUEST) and view is not None and view.open
+
+
 def canonical(
     task_id: str,
     decision_id: str,
@@ -97,34 +105,11 @@ def canonical(
 
     With ``issued_at`` (v3, what is signed now) the time the approver signed is a line before the note;
     without it, the v2 message of the decisions recorded before issued-at (the audit re-verifies those)."""
+    # The fields in _SIGNED_FIELDS' order (signed_fields reads them back).
+    head = [task_id, decision_id, request_id, str(decision), approver, key_id, amount or "", scope or ""]
     if issued_at is not None:
-        return "\n".join(
-            [
-                CANONICAL_V3,
-                task_id,
-                decision_id,
-                request_id,
-                str(decision),
-                approver,
-                key_id,
-                amount or "",
-                scope or "",
-                issued_at,
-                note,
-            ]
-        )
-    fields = [
-        task_id,
-        decision_id,
-        request_id,
-        str(decision),
-        approver,
-        key_id,
-        amount or "",
-        scope or "",
-        note,
-    ]
-    return "\n".join([CANONICAL_VERSION, *fields])
+        return "\n".join([CANONICAL_V3, *head, issued_at, note])
+    return "\n".join([CANONICAL_VERSION, *head, note])
 
 
 def decision_ref(raw: Any) -> str:
@@ -409,7 +394,7 @@ def evaluate(
                 return repeat
             return refuse(repeat.rejection or "already resolved")
         return refuse(f"already resolved: {describe_view(view)}")
-    if p.terminal and not d.request_id.startswith(UNDO_REQUEST):  # an undo waiting for budget is answered
+    if not rules_on(p, d.request_id):
         return refuse(f"task {task_id} is already {p.state.value}")
     final = final_deadline(p, view)
     if final is not None and received_at > final:

@@ -27,8 +27,7 @@ from pydantic import (
 )
 
 from rules import scopes
-from rules.artifact_refs import check_typed_refs
-from rules.inputs import check_inputs
+from rules.inputs import check_inputs, ref_paths
 from rules.money import Amount
 
 ID_PATTERN: Final = r"[A-Za-z0-9_.-]{1,64}"  # matched with fullmatch: "$" would accept a trailing newline
@@ -370,7 +369,7 @@ def validate_plan(raw: dict[str, Any], routes: Routes, *, task_id: str | None = 
     _check_nodes(plan)
     _check_graph(plan)
     _check_data(plan)
-    check_typed_refs(plan)  # artifact references come only from inputs: (rules.artifact_refs)
+    _check_typed_refs(plan)
     _check_routes(plan, routes)
     _check_budget(plan)
     return plan
@@ -579,6 +578,22 @@ def _check_budget(plan: Plan) -> None:
             f"plan: budget_ceiling {plan.budget_ceiling} is below the plan's estimated total {total} "
             f"(estimates + {INFERENCE_RESERVE} inference reserve): the task could never finish"
         )
+
+
+def _check_typed_refs(plan: Plan) -> None:
+    """Artifact references come only from ``inputs:`` (an upstream stage's registered output). A value in a
+    stage's free ``input`` (or its compensation's) shaped like one (``rules.inputs.is_ref``) would travel with
+    the node's request as if a worker had stored it, and anything trusting references would read whatever
+    file or object it names: refused, in one line naming the first."""
+    for stage in plan.stages:
+        undo = stage.compensation.input if stage.compensation is not None else None
+        for field, value in (("input", stage.input), ("compensation.input", undo)):
+            path = next((path for path, _ in ref_paths(value, field)), None) if value else None
+            if path is not None:
+                raise PlanError(
+                    f"stage {stage.id!r}: {path} is an artifact reference (uri and sha256): a stage receives "
+                    "artifacts only through inputs: naming an upstream stage"
+                )
 
 
 def _check_routes(plan: Plan, routes: Routes) -> None:

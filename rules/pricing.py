@@ -136,24 +136,28 @@ def admission_price(stage: Stage, book: PriceBook | None, observed: Decimal | No
     """
     if book is None:
         return stage.estimate, ""
-    candidates: list[tuple[Decimal, str]] = [(stage.estimate, "")]
-    sp = book.stages.get(stage.id)
-    if sp is not None and sp.declared is not None:
-        candidates.append((sp.declared, f"declared by route {sp.declared_route}"))
-    if sp is not None and sp.learned_ratio is not None and sp.learned_ratio > 1:
+    sp = book.stages.get(stage.id) or StagePrice()
+    learned = None
+    if sp.learned_ratio is not None and sp.learned_ratio > 1:
         learned = (stage.estimate * sp.learned_ratio).quantize(QUANTUM, rounding=ROUND_CEILING)
-        candidates.append(
-            (
-                learned,
-                f"learned: p95 {sp.learned_ratio}× the estimate over {sp.learned_results} results "
-                f"of route {sp.learned_route}",
-            )
+    # The dearest wins; on a tie the earlier (estimate, then declared, learned, observed) names it. Only the
+    # winner's reason is written out: this runs at every dispatch decision.
+    price, why = stage.estimate, ""
+    for amount, kind in ((sp.declared, "declared"), (learned, "learned"), (observed, "observed")):
+        if amount is not None and amount > price:
+            price, why = amount, kind
+    return price, _reason(why, sp)
+
+
+def _reason(kind: str, sp: StagePrice) -> str:
+    """Why a node was priced above its plan's estimate, for its Dispatch (``priced_by``) and a person."""
+    if kind == "declared":
+        return f"declared by route {sp.declared_route}"
+    if kind == "learned":
+        return (
+            f"learned: p95 {sp.learned_ratio}× the estimate over {sp.learned_results} results "
+            f"of route {sp.learned_route}"
         )
-    if observed is not None:
-        candidates.append((observed, "observed: the stage's dearest result in this task"))
-    # The dearest wins; on a tie the earlier (estimate, then declared, …) names it.
-    price, why = candidates[0]
-    for amount, reason in candidates[1:]:
-        if amount > price:
-            price, why = amount, reason
-    return price, why
+    if kind == "observed":
+        return "observed: the stage's dearest result in this task"
+    return ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -166,6 +167,11 @@ class Settings(BaseSettings):
         """Dev mode: LEDGERFLOW_ENV=dev when the process started. A file (stack.json in the working directory)
         turns nothing on; the CLI learns it from the stack it talks to (``ledgerflow.client.stack_dev``)."""
         return self.env == "dev"
+
+    @property
+    def decision_window(self) -> timedelta:
+        """How far a signed decision's issued-at may be from when it reached Temporal (rules.people)."""
+        return timedelta(seconds=self.decision_window_seconds)
 
     def review_token_map(self) -> dict[str, str]:
         """The reviewer page's tokens. ConfigError (naming no token) if not a JSON object of strings."""

@@ -19,8 +19,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -36,6 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from rules.approvers import KEY_ID
+from runtime.files import write_private
 
 FORMAT: Final = 1
 DEMO_APPROVERS: Final = ("director", "producer", "editor")
@@ -73,17 +72,7 @@ class ApproverKey:
 
     def write(self, path: Path) -> None:
         """Write the key file, readable by its owner only, atomically (never half written)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".key-")
-        try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.as_file(), f, indent=2)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_private(path, json.dumps(self.as_file(), indent=2) + "\n")
 
 
 def public_hex(key: Ed25519PublicKey) -> str:

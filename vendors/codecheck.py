@@ -403,17 +403,16 @@ async def check_markdown(
     )
 
 
-def sandbox_tmp() -> str:
-    """The example's working directory inside the sandbox (a private tmpfs)."""
-    return SANDBOX_TMP
-
-
 async def _sandboxed() -> bool:
     """Whether examples run in the sandbox; without one, fall back loudly in dev mode and refuse otherwise."""
     found = await asyncio.to_thread(sandbox_status)
     if found.ok:
         return True
-    if os.environ.get("LEDGERFLOW_ENV") == "dev":
+    # Imported here: this module stays importable by a bare interpreter (no pydantic), and only this rare
+    # path needs the settings (read now, not cached).
+    from runtime.settings import Settings
+
+    if Settings().dev:
         log.warning(
             "code.validate: NO SANDBOX, running examples as the worker's own user (dev mode only): %s",
             found.reason,
@@ -466,9 +465,9 @@ async def _run_example(
     """Run one example (in the sandbox, or in a fresh temporary directory without one) and classify it."""
     name = f"example_{example.index}.py"
     if sandboxed:
-        path = os.path.join(sandbox_tmp(), name)
+        path = os.path.join(SANDBOX_TMP, name)  # the sandbox's private tmpfs
         run = await _run_child(
-            example.code, path, sandbox_tmp(), timeout_s=timeout_s, memory_mb=memory_mb, jail=True
+            example.code, path, SANDBOX_TMP, timeout_s=timeout_s, memory_mb=memory_mb, jail=True
         )
         return _classify(run, example, path, timeout_s=timeout_s, memory_mb=memory_mb)
     workdir = tempfile.TemporaryDirectory(prefix="codecheck-")

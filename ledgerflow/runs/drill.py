@@ -333,7 +333,7 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
     from runtime.signing import demo_key
 
     answered: set[tuple[str, str]] = set()
-    added: set[tuple[str, str, str]] = set()
+    added: set[tuple[str, str]] = set()  # budget added, a resume still to send
     while True:
         for tid in task_ids():
             events = rec.read_events(tid)
@@ -349,8 +349,9 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
                     or r.request.kind.value not in ("dead_letter", "escalation")
                 ):
                     continue
-                short = r.request.reason.startswith(BUDGET_REFUSED.split("{")[0])
-                if short and (tid, rid, "budget") not in added:
+                node = r.request.node or ""
+                short = r.request.reason.startswith(BUDGET_REFUSED.format(node=node))
+                if short and (tid, rid) not in added:
                     decision, amount, note = "add-budget", BUDGET_ADDED, "drill: the rest is worth it"
                 else:
                     decision, amount, note = "resume", None, "drill: checked, resume"
@@ -360,7 +361,7 @@ async def _answer_as_a_person(settings: Settings, rec: Any, task_ids: Any, repor
                 except Exception:  # the task ended meanwhile: nothing to answer
                     continue
                 if amount is not None:
-                    added.add((tid, rid, "budget"))  # then resumed, at the next look
+                    added.add((tid, rid))  # then resumed, at the next look
                     report.budget_added += 1
                 else:
                     answered.add((tid, rid))

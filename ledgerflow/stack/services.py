@@ -31,6 +31,7 @@ from ledger.recorder import Recorder
 from ledgerflow.errors import StackError as StackError  # where it always was, for callers
 from ledgerflow.stack import pg
 from rules.approvers import KeyRecord
+from runtime.files import write_private
 from runtime.process import process_alive
 from runtime.settings import Settings
 from runtime.signing import DEMO_APPROVERS, demo_key
@@ -200,19 +201,7 @@ def write_stack(state: Path, stack: dict[str, Any]) -> Path:
     """Write ``state/stack.json`` readable by its owner only (it holds the review tokens): a new file created
     0600 whatever the umask, then renamed over the old one, so no reader ever sees it half written or with a
     wider mode."""
-    path = state / "stack.json"
-    tmp = state / f".stack.json.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)  # a file left by an earlier crash keeps its mode through O_CREAT
-            f.write(json.dumps(stack, indent=2))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return path
+    return write_private(state / "stack.json", json.dumps(stack, indent=2))
 
 
 def read_stack(settings: Settings) -> dict[str, Any]:

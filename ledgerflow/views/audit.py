@@ -37,7 +37,7 @@ import httpx
 from ledger.recorder import Recorder
 from rules.envelope import StoredEvent
 from rules.money import vendor_amount
-from rules.operation import OperationRecord, fold_operations
+from rules.operation import OperationRecord, fold_operations, served_by
 from rules.people import Keys, reverify
 from rules.plan import COMPOSE, REVIEW
 from rules.projection import fold
@@ -281,15 +281,6 @@ def vendor_total(charges: Iterable[VendorCharge]) -> Decimal | None:
     if any(a is None for a in amounts):
         return None
     return sum((a for a in amounts if a is not None), Decimal(0))
-
-
-def served_by(op: OperationRecord) -> str | None:
-    """The route that served an operation: the one its INTENT chose (a fallback, while its primary's breaker
-    was open), else — a record from before routes were chosen — its executor's. None: framework work (the
-    review's model call, compose), which no vendor bills."""
-    if op.executor in (REVIEW, COMPOSE):
-        return None
-    return op.route or op.executor
 
 
 async def audit_billing(
@@ -622,8 +613,7 @@ async def audit(
     started: list[datetime] = []
     planner = Decimal(0)  # the LLM planner's calls: inference, like the review's
     # The key registry (with every key's added and revoked times) and the window, read once for every task.
-    window = timedelta(seconds=settings.decision_window_seconds)
-    keys = Keys(await asyncio.to_thread(recorder.key_registry), verify, window)
+    keys = Keys(await asyncio.to_thread(recorder.key_registry), verify, settings.decision_window)
     signed_since = await asyncio.to_thread(recorder.decisions_signed_since)
     for tid in ids:
         events = await asyncio.to_thread(recorder.read_events, tid)

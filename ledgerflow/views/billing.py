@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Final
 import httpx
 
 from ledger.recorder import Recorder
-from ledgerflow.views.audit import CLOCK_SLACK, NotListable, _adapters, list_charges, served_by, vendor_total
+from ledgerflow.views.audit import CLOCK_SLACK, NotListable, _adapters, list_charges, vendor_total
 from rules.envelope import StoredEvent
-from rules.operation import OperationRecord, fold_operation
+from rules.operation import OperationRecord, fold_operation, served_by
 from runtime.settings import Settings
 from vendors.routes import AdapterKind, RouteError, deployment_table
 

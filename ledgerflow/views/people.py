@@ -31,17 +31,18 @@ from ledgerflow.views.queue import (
     request_detail,
 )
 from reconcile.takeover import task_histories
+from reconcile.takeover import unfinished as still_running
 from rules.actions import RequestKind
 from rules.envelope import StoredEvent
 from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
 from rules.people import (
-    UNDO_REQUEST,
     burst_reasons,
     canonical,
     describe_resolution,
     issued_now,
     parse_money,
     resolutions,
+    rules_on,
 )
 from rules.plan import ID_PATTERN
 from rules.projection import Projection, apply, fold
@@ -65,7 +66,7 @@ def parse_global_id(text: str) -> tuple[str, str]:
 def _tasks(settings: Settings, *, unfinished: bool) -> list[tuple[Projection, list[StoredEvent]]]:
     rec = recorder(settings)
     try:
-        return task_histories(rec, unfinished=unfinished)
+        return task_histories(rec, keep=still_running if unfinished else None)
     finally:
         rec.dispose()
 
@@ -310,8 +311,8 @@ def ruling(p: Projection, events: list[StoredEvent], decision_id: str, request_i
     then never gets one, and is answered from the ledger: its request was resolved, or the task ended.
     """
     found = outcome(events, decision_id)
-    if found is not None or not p.terminal or request_id.startswith(UNDO_REQUEST):
-        return found  # an undo waiting for budget is ruled on by the task's compensating phase
+    if found is not None or rules_on(p, request_id):
+        return found
     resolution = resolutions(events, p.task_id).get(request_id)
     if resolution is not None:
         return Sent(decision_id, "already resolved", describe_resolution(resolution))
@@ -356,7 +357,7 @@ async def relay(
     (up to ``timeout``) for the worker's ruling in the ledger. ClientError if there is nothing to decide."""
     p, events = _task(settings, task_id)
     request_id = str(payload.get("request_id", ""))
-    if p.terminal and not request_id.startswith(UNDO_REQUEST):  # an undo waiting for budget is answered
+    if not rules_on(p, request_id):
         raise ClientError(f"task {task_id} is {p.state.value}: nothing to decide")
     if request_id not in p.requests:
         raise ClientError(f"no request {request_id[:200]!r} in task {task_id}")

@@ -221,7 +221,7 @@ def compute(
         goal=plan.goal,
         project=project,
         stages=quotes,
-        estimated_total=sum((s.estimate * (len(s.items()) or 1) for s in stages), Decimal(0)),
+        estimated_total=sum((s.estimate * q.nodes for s, q in zip(stages, quotes, strict=True)), Decimal(0)),
         duration_p50_s=longest("p50"),
         duration_p95_s=longest("p95"),
         computed_at=now,
@@ -250,7 +250,8 @@ def budget_from_quote(settings: Settings, plan: Plan, percentile: str) -> tuple[
     floor = q.estimated_total + q.reserve
     if total < floor:
         raise ClientError(
-            f"the quote's {which} total {_money(total)} is below the plan's estimated total {_money(floor)}: "
+            f"the quote's {which} total {money_text(total)} is below the plan's estimated total "
+            f"{money_text(floor)}: "
             "admission reserves at least each estimate, so the task could not finish; use p95 or lower the "
             "estimates"
         )
@@ -259,7 +260,8 @@ def budget_from_quote(settings: Settings, plan: Plan, percentile: str) -> tuple[
     return validate_plan(raw, deployment_table(settings).names(), task_id=plan.task_id), q
 
 
-def _money(value: Decimal) -> str:
+def money_text(value: Decimal) -> str:
+    """Money as the quote writes it: two decimals when exact to the cent, else every digit."""
     return f"{value:.2f}" if value == value.quantize(Decimal("0.01")) else str(value.normalize())
 
 
@@ -298,8 +300,8 @@ def tables(q: Quote) -> list[Any]:
             str(s.nodes),
             str(s.results),
             "—" if s.ratio is None else " – ".join(f"{r.normalize():f}" for r in s.ratio),
-            _money(s.spend_p50) + mark,
-            _money(s.spend_p95) + mark,
+            money_text(s.spend_p50) + mark,
+            money_text(s.spend_p95) + mark,
         )
         time.add_row(
             s.stage,
@@ -309,14 +311,14 @@ def tables(q: Quote) -> list[Any]:
             _rate(s.rework_rate),
             _rate(s.first_pass_rate),
         )
-    spend.add_row("reserve", "inference", "", "", "", _money(q.reserve), _money(q.reserve))
+    spend.add_row("reserve", "inference", "", "", "", money_text(q.reserve), money_text(q.reserve))
     spend.add_section()
-    spend.add_row("total", "", "", "", "", _money(q.total("p50")), _money(q.total("p95")))
+    spend.add_row("total", "", "", "", "", money_text(q.total("p50")), money_text(q.total("p95")))
     time.add_section()
     time.add_row("total", _seconds(q.duration_p50_s), _seconds(q.duration_p95_s), "", "", "")
     notes = [f"* {s.stage}: {s.note}" for s in q.stages if not s.learned]
     notes += [f"{s.stage}: {s.note}" for s in q.stages if s.learned and s.note]
-    notes.append(f"the plan's own estimates: {_money(q.estimated_total + q.reserve)} (reserve included)")
+    notes.append(f"the plan's own estimates: {money_text(q.estimated_total + q.reserve)} (reserve included)")
     if q.unknown_durations:
         notes.append(
             f"duration leaves out {', '.join(q.unknown_durations)} (no history) and waits for people"
@@ -404,13 +406,7 @@ def stage_spend(events: list[StoredEvent]) -> dict[str, Decimal]:
 
 def drift(settings: Settings, task_id: str) -> Drift:
     """The task's spend, by stage, against the quote recorded in its plan."""
-    rec = lf.recorder(settings)
-    try:
-        events = rec.read_events(task_id)
-    finally:
-        rec.dispose()
-    if not events:
-        raise ClientError(f"no task {task_id!r} in the ledger")
+    events = lf.events(settings, task_id)  # ClientError naming the task if the ledger has none
     p = fold(events)
     q = p.plan.quote
     if q is None:
@@ -437,14 +433,14 @@ def drift_table(d: Drift) -> Table:
         drift = r.drift
         t.add_row(
             r.stage,
-            "—" if r.quoted is None else _money(r.quoted),
-            _money(r.actual),
+            "—" if r.quoted is None else money_text(r.quoted),
+            money_text(r.actual),
             "—" if drift is None else _signed(drift),
         )
     t.add_section()
-    t.add_row("total", _money(d.quote.total), _money(d.actual), _signed(d.drift))
+    t.add_row("total", money_text(d.quote.total), money_text(d.actual), _signed(d.drift))
     return t
 
 
 def _signed(value: Decimal) -> str:
-    return ("+" if value > 0 else "") + _money(value)
+    return ("+" if value > 0 else "") + money_text(value)

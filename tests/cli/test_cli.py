@@ -6,16 +6,11 @@ import asyncio
 import json
 import os
 import re
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-
-ROOT = Path(__file__).resolve().parents[2]
-CLI = [str(Path(sys.executable).parent / "ledgerflow")]  # the installed console script
+from clikit import CLI, ROOT, assert_one_line_error, run
 
 GOOD = """
 goal: a two-stage plan
@@ -24,23 +19,6 @@ stages:
   - {id: script, executor: llm.text, estimate: 0.5}
   - {id: shots, executor: image.keyframe, estimate: 1, depends_on: [script], fan_out: 2}
 """
-
-
-def run(
-    args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc
-    assert "Traceback" not in proc.stderr + proc.stdout
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.mark.parametrize(

@@ -6,33 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import uuid
-from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clikit import CLI, assert_one_line_error, run
+from historykit import D, History, uid
 
 from ledger.recorder import Recorder
-from rules.actions import Dispatch
+from ledgerflow.views.quote import money_text
 from rules.envelope import StoredEvent
-from rules.events import ArtifactRef, Intent, Outcome, TaskCreated, parse_as, to_new
-from rules.keys import created_key, intent_key, operation_key, result_key
-from rules.plan import PlanQuote, Routes, validate_plan
-from rules.scopes import chain
+from rules.events import TaskCreated, parse_as
+from rules.plan import PlanQuote
 from vendors.routes import RouteSpec, RouteTable, default_table
-
-CLI = [str(Path(sys.executable).parent / "ledgerflow")]
-D = Decimal
-ART = ArtifactRef(uri="file:///history/out.bin", sha256="0" * 64)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def plan_text(a: str, b: str, **extra: Any) -> str:
@@ -49,64 +37,8 @@ def plan_text(a: str, b: str, **extra: Any) -> str:
     )
 
 
-class History:
-    """A task of ``project`` whose operations are recorded as a worker records them: a fenced INTENT reserving
-    the estimate, then the operation's one result settling its cost."""
-
-    def __init__(self, recorder: Recorder, project: str) -> None:
-        self.recorder, self.task_id, self.n = recorder, f"t-{uid()}", 0
-        self.epoch = recorder.take_lease(self.task_id, "history")
-        recorder.open_budget(self.task_id, chain(project, None, self.task_id, None))
-        plan = validate_plan(
-            {
-                "goal": "history",
-                "project": project,
-                "budget_ceiling": 1000,
-                # Every node ``op`` names (S01…S99): commands that fold every task of the shared ledger
-                # (`dlq`, `stats`) must be able to fold this one too.
-                "stages": [{"id": "s", "executor": "x", "estimate": 1, "fan_out": 99}],
-            },
-            Routes(executors=frozenset({"x"}), reviewers=frozenset({"compliance.rules", "content.llm"})),
-        )
-        created = to_new(TaskCreated(plan=plan), created_key(self.task_id))
-        recorder.append_fenced(self.task_id, self.epoch, [created])
-
-    def op(self, route: str, estimate: str, cost: str) -> tuple[StoredEvent, StoredEvent]:
-        self.n += 1
-        node = f"s/S{self.n:02d}"
-        op = operation_key(self.task_id, node, 1)
-        dispatch = Dispatch(node=node, attempt=1, operation_key=op, executor=route, estimate=D(estimate))
-        intent = Intent(
-            action=dispatch, rule="R3", watermark=self.n, decided_at=datetime.now(UTC), route=route
-        )
-        key = intent_key(self.task_id, self.n, 0)
-        [sent] = self.recorder.append_fenced(
-            self.task_id, self.epoch, [to_new(intent, key, op)], reserve=D(estimate)
-        )
-        outcome = Outcome(node=node, operation_key=op, artifact=ART, actual_cost=D(cost))
-        settled, _ = self.recorder.append_idempotent(
-            self.task_id, to_new(outcome, result_key(op), op), release=D(estimate), spend=D(cost)
-        )
-        return sent, settled
-
-
 def seconds(pairs: list[tuple[StoredEvent, StoredEvent]]) -> list[float]:
     return sorted((done.recorded_at - sent.recorded_at).total_seconds() for sent, done in pairs)
-
-
-def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd, timeout=120
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, proc
-    assert "Traceback" not in proc.stderr + proc.stdout
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.fixture
@@ -191,17 +123,17 @@ def test_submit_refuses_a_p50_ceiling_below_the_plans_own_estimates_in_one_line(
 ) -> None:
     shots, edit = routes
     h = History(recorder, f"p-{uid()}")
-    for _ in range(5):
-        h.op(shots, "1.00", "0.50")  # the vendor bills half the estimate
+    for cost in ("0.30", "0.40", "0.50", "0.60", "1.50"):  # p50 0.50 ≠ p95 1.50: the percentile matters
+        h.op(shots, "1.00", cost)
     plan = tmp_path / "plan.yaml"
     plan.write_text(plan_text(shots, edit))
     env = {**deployment, "LEDGERFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1"}
+    # The review's share is learned from every task of the shared ledger: the figure is read from the quote.
+    quoted = json.loads(run(["quote", str(plan), "--json"], env, tmp_path).stdout)["total"]
+    assert Decimal(quoted["p50"]) < Decimal("3.60") <= Decimal(quoted["p95"])
     proc = run(["submit", str(plan), "--budget-from-quote", "p50"], env, tmp_path)
-    # The shots quote at half their estimates; the review's share is learned from every task of the shared
-    # ledger (its model calls), so the total's exact figure is not fixed here, only that it is below.
-    assert_one_line_error(proc, "the quote's p50 total ", " is below the plan's estimated total 3.60")
-    total = Decimal(proc.stderr.split("p50 total ")[1].split()[0])
-    assert Decimal(0) < total < Decimal("3.60")
+    total = money_text(Decimal(quoted["p50"]))
+    assert_one_line_error(proc, f"the quote's p50 total {total} is below the plan's estimated total 3.60")
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.closing import ClosingActivities
 from activities.contracts import CloseInput, ErrorType
 from artifacts.local import LocalStore
+from ledger.errors import StaleEpoch
 from ledger.recorder import Recorder
 from rules.actions import Dispatch
 from rules.envelope import StoredEvent
@@ -147,3 +148,20 @@ async def test_the_run_holding_the_task_still_closes_its_operation_when_the_task
     assert closed.epoch == task.old
     again = await task.close(task.close_input(epoch=task.old), OLD_RUN)  # a retry returns the one result
     assert again.seq == closed.seq
+
+
+async def test_a_close_that_loses_the_task_between_its_check_and_its_write_writes_nothing(task: Task) -> None:
+    """The fence is in the write itself, not only in the check before the vendor is asked: a newer run that
+    takes the task after the close read its epoch still finds nothing written."""
+    before = task.events()
+    op = task.closing._operation(task.close_input(epoch=task.old), None, epoch=task.old)
+
+    async def race() -> None:
+        await op.open(fenced=False)
+        await asyncio.to_thread(task.recorder.take_lease, task.task_id, NEW_RUN)
+        op.check_fence()  # it read the old epoch: the check alone would let it through
+        await op.void("the task ended")
+
+    with pytest.raises(StaleEpoch):
+        await ActivityEnvironment().run(race)
+    assert task.events() == before

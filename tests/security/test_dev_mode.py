@@ -113,14 +113,7 @@ def test_the_cli_signs_as_a_demo_approver_for_a_stack_whose_ledger_registers_the
     """The demo's ``ledgerflow decide … --as director``: the CLI, started without LEDGERFLOW_ENV beside the
     stack's stack.json, learns dev mode from the ledger it talks to."""
     drop_stack_json(tmp_path, pg_url)
-    done = subprocess.run(
-        [*CLI, "sign", "t-demo/approval:board", "approve", "--as", "director"],
-        cwd=tmp_path,
-        env=production_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = sign_as_director(tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["approver"] == "director"
 
@@ -129,13 +122,18 @@ def test_a_dropped_stack_json_naming_a_production_ledger_gives_the_cli_no_demo_k
     tmp_path: Path, ledger_without_demo_keys: str
 ) -> None:
     drop_stack_json(tmp_path, ledger_without_demo_keys)
-    done = subprocess.run(
+    done = sign_as_director(tmp_path)
+    assert done.returncode != 0
+    assert "no key to sign with: pass --key-file" in done.stderr, done.stderr
+
+
+def sign_as_director(cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``ledgerflow sign … --as director`` from ``cwd``, started without LEDGERFLOW_ENV (the demo's way)."""
+    return subprocess.run(
         [*CLI, "sign", "t-demo/approval:board", "approve", "--as", "director"],
-        cwd=tmp_path,
+        cwd=cwd,
         env=production_env(),
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode != 0
-    assert "no key to sign with: pass --key-file" in done.stderr, done.stderr

@@ -13,7 +13,7 @@ from activities.contracts import ErrorType, OpenTaskInput
 from activities.ledger import LedgerActivities
 from ledger.errors import LedgerUnavailable
 from rules.plan import Plan
-from vendors.routes import DEFAULT_ROUTES
+from vendors.routes import default_table
 
 
 class StubRecorder:
@@ -46,7 +46,7 @@ def plan(**stage: Any) -> Plan:
 
 
 def open_with(rec: StubRecorder, p: Plan) -> None:
-    LedgerActivities(rec, DEFAULT_ROUTES).open_task(  # type: ignore[arg-type]
+    LedgerActivities(rec, default_table()).open_task(  # type: ignore[arg-type]
         OpenTaskInput(task_id="t-sec", plan=p, holder="run-1")
     )
 

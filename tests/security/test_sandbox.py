@@ -372,27 +372,7 @@ def test_a_non_dumpable_worker_closes_its_environ_to_what_it_starts(tmp_path: Pa
         print("AFTER", child_reads())
         """
     )
-    uid = str(sandbox.sandbox_uid())
-    done = subprocess.run(
-        # The system Python: an unprivileged uid may not reach the venv's interpreter (pyenv, under /root).
-        [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--clear-groups",
-            "--",
-            "/usr/bin/python3",
-            "-I",
-            "-c",
-            worker,
-        ],
-        env={"PATH": "/usr/bin:/bin", "PGPASSWORD": secret},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = as_unprivileged_worker(worker, {"PATH": "/usr/bin:/bin", "PGPASSWORD": secret}, 30, cwd=tmp_path)
 
     assert done.returncode == 0, done.stderr
     before, after = done.stdout.split("AFTER", 1)
@@ -417,28 +397,22 @@ def test_an_unprivileged_worker_gets_the_same_sandbox() -> None:
         print(json.dumps(asyncio.run(check_markdown({lesson(example)!r}, timeout_s=10)).to_json()))
         """
     )
-    uid = str(sandbox.sandbox_uid())
-    done = subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--clear-groups",
-            "--",
-            "/usr/bin/python3",
-            "-I",
-            "-c",
-            worker,
-        ],
-        env={"PATH": os.environ["PATH"], "LEDGERFLOW_ENV": "production"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = as_unprivileged_worker(worker, {"PATH": os.environ["PATH"], "LEDGERFLOW_ENV": "production"}, 60)
 
     assert done.returncode == 0, done.stderr
     [failure] = json.loads(done.stdout)["failures"]
     # uid 1000 of its own user namespace, pid 2 of its own PID namespace (bwrap's init is 1), read-only root.
     assert failure["message"].startswith(f"{sandbox.INNER_ID} 2\n")
     assert failure["message"].endswith("OSError: [Errno 30] Read-only file system: '/etc/owned'")
+
+
+def as_unprivileged_worker(
+    code: str, env: dict[str, str], timeout: float, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as a worker would that is not root: the system Python (an unprivileged uid may not reach
+    the venv's interpreter, under /root) as the sandbox's uid, no groups."""
+    uid = str(sandbox.sandbox_uid())
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "/usr/bin/python3", "-I"]
+    return subprocess.run(
+        [*argv, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )

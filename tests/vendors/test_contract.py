@@ -159,7 +159,7 @@ class AdapterContract:
         activities = StageActivities(env.recorder, adapters, store, 0.02, pause_retry_s=0.5)
         request = await self.request(store)
         # The plan as a person writes it: an input file comes through ``inputs:``, never as a reference in
-        # the free ``input`` (rules.artifact_refs refuses that); the operation below sends ``request`` itself.
+        # the free ``input`` (plan validation refuses that); the operation below sends ``request`` itself.
         written = {k: v for k, v in request.items() if k != "inputs"}
         plan = validate_plan(
             {
