@@ -1,10 +1,12 @@
-"""Approvals: the shared queue of open requests to people, and the registry of approvers' keys.
+"""Approvals: the shared queue of open requests to people, the registry of approvers' keys, and the reviewer
+page's logouts.
 
 ``human_queue`` holds one row per open request of any task (rules.pressure): the recorder's append paths
 call ``track_queue`` on the connection of the append that opens or closes a request, so the queue changes in
 the event's own transaction, and a dispatch's or a decision's fencing statement counts its project's rows
 with ``HUMAN_LOAD``. ``approver_keys`` is the append-only log of the keys people sign decisions with
-(rules.approvers). ``ApprovalStore`` is the part of the recorder that reads the queue and keeps the keys.
+(rules.approvers). ``review_logouts`` holds the reviewer page's logged-out sessions (revision 0008).
+``ApprovalStore`` is the part of the recorder that reads the queue, keeps the keys and the logouts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from ledger.errors import LedgerError
 from ledger.pgerrors import translated, violated
-from ledger.schema import APPROVER_KEY_CONSTRAINT, approver_keys, human_queue, task_leases
+from ledger.schema import APPROVER_KEY_CONSTRAINT, approver_keys, human_queue, review_logouts, task_leases
 from rules.approvers import KeyRecord, registry
 from rules.envelope import NewEvent, StoredEvent
 from rules.pressure import queue_changes
@@ -55,6 +57,13 @@ _KEY_LOG: Final = select(approver_keys).order_by(approver_keys.c.seq)
 _SIGNED_SINCE: Final = text("SELECT ledger_decisions_signed_since()")
 # Serialises the read and the revoke of one key id: two revokers never both append a revoke.
 _KEY_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext('approver_key:' || :key_id))")
+_LOGGED_OUT: Final = select(review_logouts.c.session_id).where(
+    review_logouts.c.session_id == bindparam("b_session")
+)
+# A second logout of one session (two tabs, two replicas) keeps the first row.
+_LOG_OUT: Final = text(
+    "INSERT INTO review_logouts (session_id, expires_at) VALUES (:b_session, :b_until) ON CONFLICT DO NOTHING"
+)
 
 
 def track_queue(conn: Connection, task_id: str, written: Sequence[NewEvent]) -> None:
@@ -159,3 +168,14 @@ class ApprovalStore:
         """Every registered key, as of now (folded from the registry's log)."""
         with translated(), self._reader.connect() as conn:
             return registry(dict(r._mapping) for r in conn.execute(_KEY_LOG))
+
+    def log_out_session(self, session_id: str, until: datetime) -> None:
+        """Record that the reviewer page's session ``session_id`` is over (its cookie would expire at
+        ``until`` anyway): every replica refuses its cookie from now on (``session_logged_out``)."""
+        with translated(), self._engine.begin() as conn:
+            conn.execute(_LOG_OUT, {"b_session": session_id, "b_until": until})
+
+    def session_logged_out(self, session_id: str) -> bool:
+        """Whether the reviewer page's session ``session_id`` was logged out, on any replica."""
+        with translated(), self._reader.connect() as conn:
+            return conn.execute(_LOGGED_OUT, {"b_session": session_id}).first() is not None

@@ -268,6 +268,19 @@ approver_keys: Final = Table(
 )
 APPROVER_KEY_CONSTRAINT: Final = "uq_approver_keys_add"
 
+# The reviewer page's logouts (ledgerflow.review.auth): one row per session id logged out, until when its
+# cookie would have been good anyway. Shared by every replica of the page and kept across restarts, so a copy
+# of a logged-out cookie is refused everywhere. The page's role inserts rows, never updates or deletes one.
+review_logouts: Final = Table(
+    "review_logouts",
+    metadata,
+    Column("session_id", Text, primary_key=True),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False),
+    Column(
+        "logged_out_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")
+    ),
+)
+
 # The scheduled billing reconciliation's own record (ledger/reconciliation.py), append-only: what matching the
 # vendors' charge listings to the ledger's operations found that no task holds — a charge no operation knows
 # (``unknown_charge``), one two operations claim (``ambiguous_charge``), a credit or refund against the

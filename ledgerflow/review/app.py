@@ -34,8 +34,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from artifacts import ArtifactError, ArtifactMissing, ArtifactStore, open_store
-from ledger.errors import LedgerUnavailable
-from ledgerflow.client import ClientError
+from ledger.errors import LedgerError, LedgerUnavailable
+from ledgerflow.client import ClientError, recorder
 from ledgerflow.review import views
 from ledgerflow.review.auth import (
     CSRF_FIELD,
@@ -99,8 +99,10 @@ def create_app(
             ``task:T``, as an approver key's); an approver without an entry sees nothing. None (the default):
             every login sees every project.
     """
+
     auth = Auth(
         settings.review_token_map() if tokens is None else tokens,
+        LedgerLogouts(settings),
         trusted_header,
         scopes,
         secret=session_secret(settings),  # shared by replicas; outside dev mode required (ConfigError)
@@ -179,14 +181,18 @@ def create_app(
             groups = group(items)
         return people.queue_json(groups)
 
-    def failure(
+    async def failure(
         request: Request, status: int, message: str, headers: dict[str, str] | None = None
     ) -> Response:
         if request.url.path.startswith("/api/") or "authorization" in request.headers:  # a tool, not a page
             return JSONResponse({"error": message}, status_code=status, headers=headers)
-        identity = None
-        with contextlib.suppress(AuthError):  # an error page shows who is logged in, if anyone
-            identity = auth.identify(request, None)
+
+        def who() -> Identity | None:  # an error page shows who is logged in, if that can be known
+            with contextlib.suppress(AuthError, LedgerError):
+                return auth.identify(request, None)
+            return None
+
+        identity = await to_thread.run_sync(who)  # a cookie is looked up in the ledger's logouts
         response = render(request, "error.html", {"status": status, "message": message}, status, identity)
         response.headers.update(headers or {})
         return response
@@ -199,37 +205,38 @@ def create_app(
 
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> Response:
-        return failure(request, exc.status, str(exc), exc.headers)
+        return await failure(request, exc.status, str(exc), exc.headers)
 
     @app.exception_handler(ClientError)
     async def _client(request: Request, exc: ClientError) -> Response:
-        return failure(request, client_status(str(exc)), str(exc))
+        return await failure(request, client_status(str(exc)), str(exc))
 
     @app.exception_handler(ConfigError)
     async def _config(request: Request, exc: ConfigError) -> Response:
-        return failure(request, 503, str(exc))
+        return await failure(request, 503, str(exc))
 
     @app.exception_handler(LedgerUnavailable)
     async def _ledger(request: Request, exc: LedgerUnavailable) -> Response:
-        return failure(request, 503, str(exc).splitlines()[0][:300])
+        return await failure(request, 503, str(exc).splitlines()[0][:300])
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
         message = exc.detail if isinstance(exc.detail, str) else "bad request"
         if exc.status_code == 404 and message == "Not Found":
             message = f"no page {request.url.path[:200]}"
-        return failure(request, exc.status_code, message, dict(exc.headers or {}))
+        return await failure(request, exc.status_code, message, dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return failure(request, 400, f"bad request: {where} {first.get('msg', '')}".strip())
+        return await failure(request, 400, f"bad request: {where} {first.get('msg', '')}".strip())
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> Response:
         # Starlette raises the exception again once this answer is sent, so the server logs its traceback.
-        return failure(request, 500, f"internal error ({type(exc).__name__}); the server log has the details")
+        message = f"internal error ({type(exc).__name__}); the server log has the details"
+        return await failure(request, 500, message)
 
     # ── login ────────────────────────────────────────────────────────────────────────────────────────
 
@@ -268,7 +275,7 @@ def create_app(
         auth.check_csrf(request, None, csrf if isinstance(csrf, str) else "")
         session = auth.session(request)
         if session is not None:
-            auth.revoke(session)  # a copy of this cookie is refused from now on
+            await to_thread.run_sync(auth.revoke, session)  # a copy of this cookie is refused from now on
         response = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
         auth.set_cookie(request, response, Session.new())
         return response
@@ -354,7 +361,7 @@ def create_app(
 
     @app.post("/api/decisions/{task_id}")
     async def api_decide(request: Request, task_id: str) -> Response:
-        identity = api_identity(request)
+        identity = await to_thread.run_sync(api_identity, request)  # a cookie's logout is a ledger read
         auth.check_csrf(request, identity, None)
         decisions.check(f"decide:{identity.approver}", f"decisions from {identity.approver}")
         check_task_id(task_id)
@@ -384,6 +391,28 @@ def create_app(
         return JSONResponse(body, status_code=202 if sent.status == "pending" else 200)
 
     return app
+
+
+class LedgerLogouts:
+    """The reviewer page's logouts, in the ledger (``review_logouts``): one connection per call, as the page's
+    views read the ledger."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def log_out_session(self, session_id: str, until: datetime) -> None:
+        rec = recorder(self._settings)
+        try:
+            rec.log_out_session(session_id, until)
+        finally:
+            rec.dispose()
+
+    def session_logged_out(self, session_id: str) -> bool:
+        rec = recorder(self._settings)
+        try:
+            return rec.session_logged_out(session_id)
+        finally:
+            rec.dispose()
 
 
 _TERMINAL: Final = frozenset({TaskState.COMPLETED.value, TaskState.FAILED.value})

@@ -11,8 +11,12 @@ match wins:
 The session cookie is signed (itsdangerous) with ``LEDGERFLOW_REVIEW_SESSION_SECRET`` (``session_secret``):
 the same secret on every replica, so a cookie one replica set is good on the others. Outside dev mode the page
 does not start without it; in dev mode, unset, each process makes a random one (a restart logs everyone out).
-Logging out revokes the session's id in this process, so a copy of the cookie is refused afterwards by this
-replica — not yet by the others (revocation is in memory; a shared store is issue 24 §4's remainder).
+Logging out records the session's id in the ledger (``review_logouts``, revision 0008), and a logged-in cookie
+is good only while its id is not there: a copy of the cookie is refused afterwards by every replica, also
+after a restart. That is one primary-key read per logged-in request (run where the request's other ledger
+reads run: on the thread pool), remembered for the rest of the request; a replica that cannot reach the
+ledger refuses the cookie (503) rather than guess. The CSRF check needs no read: it compares the token with
+the cookie's own, and decides nobody's identity.
 
 The cookie always carries a CSRF token, also before login, so the login form itself is protected; a
 state-changing request identified by cookie or trusted header must echo that token (form field
@@ -32,7 +36,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal, Protocol
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import Request
@@ -73,6 +78,14 @@ class Identity:
     def needs_csrf(self) -> bool:
         """Credentials a browser sends by itself (a cookie, a proxy's header) need a CSRF token as well."""
         return self.via != "bearer"
+
+
+class Logouts(Protocol):
+    """Where logouts are kept for every replica (the recorder's ``ApprovalStore``: ``review_logouts``)."""
+
+    def log_out_session(self, session_id: str, until: datetime) -> None: ...
+
+    def session_logged_out(self, session_id: str) -> bool: ...
 
 
 class AuthError(Exception):
@@ -153,16 +166,15 @@ def session_secret(settings: Settings) -> bytes:
 
 class Auth:
     """Tokens, sessions and CSRF for one app. Cookies are signed with ``secret`` (``session_secret``: shared
-    by replicas); None, a random one for this process only."""
-
-    MAX_REVOKED: Final = 100_000
+    by replicas); None, a random one for this process only. ``logouts`` is where every replica records and
+    looks up logged-out sessions (the ledger)."""
 
     def __init__(
         self,
         tokens: Mapping[str, str],
+        logouts: Logouts,
         trusted_header: str | None = None,
         scopes: Mapping[str, Sequence[str]] | None = None,
-        clock: Callable[[], float] = time.time,
         secret: bytes | None = None,
     ) -> None:
         self._tokens = dict(tokens)
@@ -171,9 +183,7 @@ class Auth:
         self._serializer = URLSafeTimedSerializer(key, salt="ledgerflow-review-session")
         # None: every approver sees everything. Else an approver without an entry sees nothing.
         self._scopes = None if scopes is None else {a: tuple(s) for a, s in scopes.items()}
-        self._revoked: dict[str, float] = {}  # session id -> when its cookie expires anyway
-        self._clock = clock
-        self._lock = threading.Lock()
+        self._logouts = logouts
 
     # ── scopes ───────────────────────────────────────────────────────────────────────────────────────
 
@@ -192,20 +202,18 @@ class Auth:
     # ── logout ───────────────────────────────────────────────────────────────────────────────────────
 
     def revoke(self, session: Session) -> None:
-        """Refuse ``session``'s cookie from now on (until it would have expired anyway). In memory, so in
-        this process only: another replica sharing the secret still accepts the cookie until it expires
-        (12 h), and a restart forgets the revocation (issue 24 §4: a shared revocation store is not done)."""
-        if not session.sid:
-            return
-        now = self._clock()
-        with self._lock:
-            if len(self._revoked) >= self.MAX_REVOKED:
-                self._revoked = {sid: until for sid, until in self._revoked.items() if until > now}
-            self._revoked[session.sid] = now + SESSION_SECONDS
+        """Refuse ``session``'s cookie from now on, on every replica (until it would have expired anyway).
+        A ledger write: call it off the event loop. LedgerUnavailable if the ledger cannot be reached."""
+        if session.sid:
+            until = datetime.now(UTC) + timedelta(seconds=SESSION_SECONDS)
+            self._logouts.log_out_session(session.sid, until)
 
-    def _is_revoked(self, sid: str) -> bool:
-        with self._lock:
-            return sid in self._revoked
+    def _logged_out(self, request: Request, sid: str) -> bool:
+        """Whether ``sid`` was logged out (a ledger read, remembered for the rest of ``request``)."""
+        known: dict[str, bool] = request.scope.setdefault("ledgerflow.logged_out", {})
+        if sid not in known:
+            known[sid] = self._logouts.session_logged_out(sid)
+        return known[sid]
 
     def approver_for(self, token: str) -> str | None:
         """The approver whose token this is. Every token is compared (in constant time), not just until
@@ -219,6 +227,8 @@ class Auth:
     # ── the cookie ───────────────────────────────────────────────────────────────────────────────────
 
     def session(self, request: Request) -> Session | None:
+        """The session the request's cookie holds, if its signature is good and it has not expired. Not
+        whether it was logged out: that is ``identify``'s to decide (a ledger read)."""
         raw = request.cookies.get(COOKIE)
         if not raw:
             return None
@@ -232,8 +242,6 @@ class Auth:
             or not isinstance(data.get("s"), str)
         ):
             return None
-        if self._is_revoked(data["s"]):
-            return None  # logged out
         approver = data.get("a")
         return Session(
             approver=approver if isinstance(approver, str) else None, csrf=data["c"], sid=data["s"]
@@ -252,8 +260,9 @@ class Auth:
     # ── identification ───────────────────────────────────────────────────────────────────────────────
 
     def identify(self, request: Request, limiter: RateLimiter | None) -> Identity | None:
-        """Who sent ``request`` (None: nobody logged in). AuthError 401 for a bad bearer token, which
-        counts as a failed login in ``limiter`` (429 once too many)."""
+        """Who sent ``request`` (None: nobody logged in, or logged out). AuthError 401 for a bad bearer
+        token, which counts as a failed login in ``limiter`` (429 once too many). A session cookie is looked
+        up in the ledger's logouts (call it off the event loop); LedgerUnavailable if that cannot be done."""
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             approver = self.approver_for(token.strip())
@@ -270,6 +279,8 @@ class Auth:
                 return Identity(name, "header")
         session = self.session(request)
         if session is not None and session.approver is not None:
+            if self._logged_out(request, session.sid):
+                return None
             return Identity(session.approver, "cookie")
         return None
 

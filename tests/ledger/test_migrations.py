@@ -141,6 +141,7 @@ LEDGER_TABLES = {
     "human_queue",
     "billing_reconciliation",
     "route_holds",
+    "review_logouts",
 }
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -233,7 +234,7 @@ def test_the_operator_sets_ceilings_and_keys_but_never_writes_an_event(recorder,
         engine.dispose()
 
 
-def test_a_reader_reads_and_writes_nothing(recorder, logins):
+def test_a_reader_writes_no_task_state(recorder, logins):
     task_id = a_task(recorder)
     engine = sa.create_engine(logins["reader"], poolclass=sa.pool.NullPool)
     try:
@@ -247,6 +248,33 @@ def test_a_reader_reads_and_writes_nothing(recorder, logins):
         assert "permission denied" in refused(engine, "INSERT INTO human_queue VALUES ('a', 'b', 'c', 'd')")
     finally:
         engine.dispose()
+
+
+def test_the_reader_records_a_logout_and_nobody_but_the_owner_takes_one_back(recorder, logins):
+    """The reviewer page runs as the reader: it may record that a session is over (revision 0008), and
+    neither it nor a worker may delete or shorten a logout (a stolen cookie would be good again)."""
+    sid = f"s-{uuid.uuid4().hex}"
+    reader = sa.create_engine(logins["reader"], poolclass=sa.pool.NullPool)
+    worker = sa.create_engine(logins["worker"], poolclass=sa.pool.NullPool)
+    try:
+        page = Recorder(logins["reader"], pool_size=1)  # the reviewer page's own login
+        page.log_out_session(sid, datetime.now(UTC) + timedelta(hours=1))
+        page.dispose()
+        assert recorder.session_logged_out(sid)
+        for engine in (reader, worker):
+            assert "permission denied" in refused(
+                engine, "DELETE FROM review_logouts WHERE session_id = :s", s=sid
+            )
+            assert "permission denied" in refused(
+                engine, "UPDATE review_logouts SET expires_at = now() WHERE session_id = :s", s=sid
+            )
+        assert "permission denied" in refused(
+            worker, "INSERT INTO review_logouts (session_id, expires_at) VALUES ('x', now())"
+        )
+        assert recorder.session_logged_out(sid)
+    finally:
+        reader.dispose()
+        worker.dispose()
 
 
 def test_db_roles_makes_member_only_logins_with_hashed_passwords_and_refuses_bad_input(

@@ -3,7 +3,9 @@
 (logged in, and its CSRF token accepted), and refused by one built with a different secret. Outside dev mode
 the page will not start without the secret (one line); in dev mode, unset, each process makes its own.
 
-Logout revocation is still per replica (in memory): that part of §4 is not done (docs/threat-model.md)."""
+Logging out revokes the session on every replica, and across restarts: the revocation is a row in the ledger
+(``review_logouts``), checked on each logged-in request; a replica that cannot reach the ledger refuses the
+cookie rather than guess (fails closed)."""
 
 from __future__ import annotations
 
@@ -23,11 +25,11 @@ SIGNED_IN = 'signed in as <b id="who">director</b>'
 OFFLINE_DB = "postgresql+psycopg://nobody@127.0.0.1:1/none"
 
 
-def replica(tmp_path: Path, secret: str | None) -> httpx.AsyncClient:
+def replica(tmp_path: Path, secret: str | None, database_url: str = OFFLINE_DB) -> httpx.AsyncClient:
     """One replica of the page (its own app, its own process state), reached in memory."""
     settings = Settings(
         state_dir=tmp_path,
-        database_url=OFFLINE_DB,
+        database_url=database_url,
         review_session_secret=None if secret is None else SecretStr(secret),
     )
     app = create_app(settings, tokens=TOKENS)
@@ -48,8 +50,8 @@ async def logged_in_cookie(client: httpx.AsyncClient) -> tuple[str, str]:
     return client.cookies[COOKIE], await csrf_of(client)
 
 
-async def test_a_cookie_from_one_replica_works_on_another_with_the_same_secret(tmp_path):
-    async with replica(tmp_path, SECRET) as a, replica(tmp_path, SECRET) as b:
+async def test_a_cookie_from_one_replica_works_on_another_with_the_same_secret(tmp_path, recorder, pg_url):
+    async with replica(tmp_path, SECRET, pg_url) as a, replica(tmp_path, SECRET, pg_url) as b:
         cookie, csrf = await logged_in_cookie(a)
         b.cookies.set(COOKIE, cookie)
         assert SIGNED_IN in (await b.get("/login")).text  # the load balancer sent the next request to b
@@ -58,9 +60,9 @@ async def test_a_cookie_from_one_replica_works_on_another_with_the_same_secret(t
         assert (out.status_code, out.headers["location"]) == (303, "/login")
 
 
-async def test_a_replica_with_a_different_secret_refuses_the_cookie(tmp_path):
+async def test_a_replica_with_a_different_secret_refuses_the_cookie(tmp_path, recorder, pg_url):
     other = "another-replicas-session-secret-9876543210"
-    async with replica(tmp_path, SECRET) as a, replica(tmp_path, other) as b:
+    async with replica(tmp_path, SECRET, pg_url) as a, replica(tmp_path, other, pg_url) as b:
         cookie, csrf = await logged_in_cookie(a)
         b.cookies.set(COOKIE, cookie)
         assert SIGNED_IN not in (await b.get("/login")).text
@@ -71,8 +73,38 @@ async def test_a_replica_with_a_different_secret_refuses_the_cookie(tmp_path):
         assert (await b.post("/logout", data={"csrf_token": csrf})).status_code == 403
 
 
-async def test_in_dev_mode_without_a_secret_each_process_signs_with_its_own(tmp_path):
-    async with replica(tmp_path, None) as a, replica(tmp_path, None) as b:
+async def test_a_logout_on_one_replica_is_refused_by_every_other_and_after_a_restart(
+    tmp_path, recorder, pg_url
+):
+    async with replica(tmp_path, SECRET, pg_url) as a, replica(tmp_path, SECRET, pg_url) as b:
+        cookie, csrf = await logged_in_cookie(a)
+        b.cookies.set(COOKIE, cookie)
+        assert SIGNED_IN in (await b.get("/login")).text  # b knows the session
+        assert (await a.post("/logout", data={"csrf_token": csrf})).status_code == 303  # logged out on a
+        b.cookies.set(COOKIE, cookie)  # a copy of the cookie, replayed on b
+        queue = await b.get("/queue")
+        assert (queue.status_code, queue.headers["location"]) == (303, "/login")
+        b.cookies.set(COOKIE, cookie)
+        assert SIGNED_IN not in (await b.get("/login")).text
+    async with replica(tmp_path, SECRET, pg_url) as restarted:  # a replica started after the logout
+        restarted.cookies.set(COOKIE, cookie)
+        assert SIGNED_IN not in (await restarted.get("/login")).text
+
+
+async def test_a_replica_that_cannot_reach_the_ledger_refuses_a_logged_in_cookie(tmp_path, recorder, pg_url):
+    async with replica(tmp_path, SECRET, pg_url) as a, replica(tmp_path, SECRET) as cut_off:
+        cookie, _ = await logged_in_cookie(a)
+        cut_off.cookies.set(COOKIE, cookie)
+        page = await cut_off.get("/login")  # it cannot tell whether the session was logged out
+        assert page.status_code == 503 and "ledger database unavailable" in page.text
+        assert SIGNED_IN not in page.text
+        cut_off.cookies.set(COOKIE, cookie)
+        api = await cut_off.get("/api/queue")
+        assert api.status_code == 503
+
+
+async def test_in_dev_mode_without_a_secret_each_process_signs_with_its_own(tmp_path, recorder, pg_url):
+    async with replica(tmp_path, None, pg_url) as a, replica(tmp_path, None, pg_url) as b:
         cookie, _ = await logged_in_cookie(a)
         b.cookies.set(COOKIE, cookie)
         assert SIGNED_IN not in (await b.get("/login")).text

@@ -104,8 +104,12 @@ def test_scopes_are_read_from_one_json_object_and_a_bad_one_is_one_line():
 # ── logout ───────────────────────────────────────────────────────────────────────────────────────────
 
 
-async def test_a_logged_out_session_cookie_is_refused_afterwards(tmp_path):
-    async with offline(tmp_path) as client:
+async def test_a_logged_out_session_cookie_is_refused_afterwards(tmp_path, recorder, pg_url):
+    settings = Settings(state_dir=tmp_path, database_url=pg_url)
+    app = create_app(settings, tokens=TOKENS)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://review.test"
+    ) as client:
         form = {"token": TOKENS["director"], "csrf_token": await csrf_of(client)}
         assert (await client.post("/login", data=form)).status_code == 303
         stolen = client.cookies["ledgerflow_review"]  # what someone copied from the browser

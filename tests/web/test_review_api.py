@@ -34,9 +34,14 @@ SAMPLE_DECISION = {
 }
 
 
-def offline_app(tmp_path: Path, **kw: Any) -> httpx.AsyncClient:
-    """A client of an app whose settings point at nothing: for what is decided before any ledger read."""
-    settings = Settings(state_dir=tmp_path, database_url="postgresql+psycopg://nobody@127.0.0.1:1/none")
+OFFLINE_DB = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+
+
+def offline_app(tmp_path: Path, database_url: str = OFFLINE_DB, **kw: Any) -> httpx.AsyncClient:
+    """A client of an app whose settings point at nothing: for what is decided before any ledger read. A
+    logged-in cookie is looked up in the ledger's logouts: a test that logs in passes the real
+    ``database_url``."""
+    settings = Settings(state_dir=tmp_path, database_url=database_url)
     app = create_app(settings, tokens=TOKENS, **kw)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://review.test")
 
@@ -83,8 +88,10 @@ async def test_pages_and_the_api_need_a_login(tmp_path):
         assert_one_line_json(anonymous, 401, "not logged in")
 
 
-async def test_login_sets_a_signed_http_only_same_site_strict_cookie_and_a_bad_token_is_refused(tmp_path):
-    async with offline_app(tmp_path) as client:
+async def test_login_sets_a_signed_http_only_same_site_strict_cookie_and_a_bad_token_is_refused(
+    tmp_path, recorder, pg_url
+):
+    async with offline_app(tmp_path, pg_url) as client:
         csrf = csrf_of(await client.get("/login"))
         bad = await client.post("/login", data={"token": "director-review-token-2", "csrf_token": csrf})
         assert bad.status_code == 401 and "unknown token" in bad.text and "Traceback" not in bad.text
@@ -101,8 +108,10 @@ async def test_login_sets_a_signed_http_only_same_site_strict_cookie_and_a_bad_t
         assert (await client.get("/queue")).headers["location"] == "/login"
 
 
-async def test_every_state_changing_request_by_cookie_needs_its_sessions_csrf_token(tmp_path):
-    async with offline_app(tmp_path) as client, offline_app(tmp_path) as other:
+async def test_every_state_changing_request_by_cookie_needs_its_sessions_csrf_token(
+    tmp_path, recorder, pg_url
+):
+    async with offline_app(tmp_path, pg_url) as client, offline_app(tmp_path, pg_url) as other:
         assert (await client.post("/login", data={"token": TOKENS["director"]})).status_code == 403
         csrf = await log_in(client)
         theirs = await log_in(other, "producer")
@@ -181,8 +190,8 @@ def test_a_token_bucket_refills_one_token_per_period_per_key():
     assert limiter.take("director") == pytest.approx(10.0)
 
 
-async def test_bad_input_gets_one_clear_message_and_a_proper_status(tmp_path):
-    async with offline_app(tmp_path) as client:
+async def test_bad_input_gets_one_clear_message_and_a_proper_status(tmp_path, recorder, pg_url):
+    async with offline_app(tmp_path, pg_url) as client:
         bearer = {"Authorization": f"Bearer {TOKENS['director']}"}
         url = "/api/decisions/t-1"
         assert_one_line_json(await client.post(url, content=b"{", headers=bearer), 400, "not JSON")
@@ -200,9 +209,9 @@ async def test_bad_input_gets_one_clear_message_and_a_proper_status(tmp_path):
         assert_one_line_json(as_producer, 403, "signed as producer is not yours to send")
         assert_one_line_json(await client.get("/api/queue/more", headers=bearer), 404, "no page")
         assert_one_line_json(await client.get("/api/requests/t!1/x", headers=bearer), 404, "not a task id")
-        # The ledger cannot be reached: one line, 503.
-        unreachable = await client.get("/api/queue", headers=bearer)
-        assert_one_line_json(unreachable, 503, "ledger database unavailable")
+        async with offline_app(tmp_path) as cut_off:  # the ledger cannot be reached: one line, 503
+            unreachable = await cut_off.get("/api/queue", headers=bearer)
+            assert_one_line_json(unreachable, 503, "ledger database unavailable")
         await log_in(client)
         page = await client.get("/nowhere")
         assert page.status_code == 404 and "no page /nowhere" in page.text and "Traceback" not in page.text
@@ -210,12 +219,12 @@ async def test_bad_input_gets_one_clear_message_and_a_proper_status(tmp_path):
         assert bad_sha.status_code == 404 and "is not an artifact" in bad_sha.text
 
 
-async def test_a_bug_is_a_500_that_names_no_detail(tmp_path, monkeypatch):
+async def test_a_bug_is_a_500_that_names_no_detail(tmp_path, monkeypatch, recorder, pg_url):
     def broken(settings: Settings) -> None:
         raise RuntimeError("secret internals\nTraceback (most recent call last)")
 
     monkeypatch.setattr(people, "queue", broken)
-    settings = Settings(state_dir=tmp_path)
+    settings = Settings(state_dir=tmp_path, database_url=pg_url)
     app = create_app(settings, tokens=TOKENS)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # the server logs it; we look
     async with httpx.AsyncClient(transport=transport, base_url="http://review.test") as client:
