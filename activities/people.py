@@ -59,7 +59,12 @@ class PeopleActivities:
         if not self.settings.dev:
             demo = demo_public_keys()
             registry = {kid: _refused_demo(k) if k.public_key in demo else k for kid, k in registry.items()}
-        return Keys(registry=registry, verify=verify, window=self.settings.decision_window)
+        return Keys(
+            registry=registry,
+            verify=verify,
+            window=self.settings.decision_window,
+            roots=self.settings.root_keys(),
+        )
 
     @activity.defn(name=Activity.PEOPLE_RECORD_BATCH)
     def record_batch(self, inp: RecordDecisionsInput) -> list[StoredEvent]:

@@ -157,6 +157,27 @@ class ApprovalStore:
             conn.execute(approver_keys.insert().values(**row))
             return registry(dict(r._mapping) for r in conn.execute(_KEY_LOG)).get(key_id)
 
+    def endorse_key(self, key_id: str, root: str, signature: str, *, actor: str, reason: str) -> KeyRecord:
+        """Record a root key's endorsement of ``key_id``'s entry (checked by the caller: see
+        ``ledgerflow.views.keys.add_endorsement``); the key's record with it. LedgerError if no such key."""
+        with translated(), self._engine.begin() as conn:
+            conn.execute(_KEY_LOCK, {"key_id": key_id})
+            found = registry(dict(r._mapping) for r in conn.execute(_KEY_LOG)).get(key_id)
+            if found is None:
+                raise LedgerError(f"no key {key_id!r} in the registry")
+            row = {
+                "key_id": key_id,
+                "action": "endorse",
+                "approver": found.approver,
+                "public_key": found.public_key,
+                "endorsed_by": root,
+                "endorsement": signature,
+                "reason": reason[:1000],
+                "actor": actor[:200],
+            }
+            conn.execute(approver_keys.insert().values(**row))
+            return registry(dict(r._mapping) for r in conn.execute(_KEY_LOG))[key_id]
+
     def decisions_signed_since(self) -> datetime:
         """Since when every recorded decision carries its signed message and signature (revision 0006): the
         audit fails a decision recorded since without them, and only flags an older one."""

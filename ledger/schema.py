@@ -246,8 +246,10 @@ human_queue: Final = Table(
 )
 
 # The approver key registry (rules.approvers), append-only: ``add`` registers a public key with what it may
-# sign, ``revoke`` ends it. Written only by ``ledgerflow keys`` (its actor and reason are the audit trail);
-# a key id is added once (rotation is a new key id, then a revoke of the old one).
+# sign, ``revoke`` ends it, ``endorse`` records a root key's signature over an entry (``endorsed_by``: the
+# root's public key; ``endorsement``: its signature over rules.approvers.endorsement_message; revision 0009).
+# Written only by ``ledgerflow keys`` (its actor and reason are the audit trail); a key id is added once
+# (rotation is a new key id, then a revoke of the old one).
 approver_keys: Final = Table(
     "approver_keys",
     metadata,
@@ -263,7 +265,11 @@ approver_keys: Final = Table(
     Column("reason", Text, nullable=False, server_default=text("''")),
     Column("actor", Text, nullable=False),
     Column("recorded_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
-    CheckConstraint("action IN ('add', 'revoke')", name="ck_approver_keys_action"),
+    Column("endorsed_by", Text, nullable=True),  # an endorse row: the root's public key (revision 0009)
+    Column(
+        "endorsement", Text, nullable=True
+    ),  # … and its signature over rules.approvers.endorsement_message
+    CheckConstraint("action IN ('add', 'revoke', 'endorse')", name="ck_approver_keys_action"),
     Index("uq_approver_keys_add", "key_id", unique=True, postgresql_where=text("action = 'add'")),
 )
 APPROVER_KEY_CONSTRAINT: Final = "uq_approver_keys_add"

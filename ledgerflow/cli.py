@@ -904,12 +904,24 @@ def db_sync_queue() -> None:
     from ledgerflow import client as lf
 
     rec = lf.recorder(get_settings())
+    changed, unreadable = 0, []
     try:
         tasks = rec.task_ids()
-        changed = sum(rec.sync_human_queue(t) for t in tasks)
+        for t in tasks:
+            try:
+                changed += rec.sync_human_queue(t)
+            except ValueError:  # an event that does not parse (pydantic's ValidationError): its rows stay
+                unreadable.append(t)
         total = sum(rec.open_requests_by_project().values())
     finally:
         rec.dispose()
+    if unreadable:  # every one named: each is a ledger to audit
+        err.print(
+            f"{len(unreadable)} tasks' ledgers do not fold (left as they were; `ledgerflow audit` them):"
+            f" {', '.join(unreadable)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     out.print(
         f"human_queue: {len(tasks)} tasks read, {changed} rows changed, {total} open requests",
         highlight=False,
@@ -1003,6 +1015,69 @@ def keys_list(
         out.print_json(json.dumps([r.as_json() for r in records]))
     else:
         out.print(keys.table(records), soft_wrap=True, highlight=False)
+
+
+@keys_app.command("root-generate")
+@friendly
+def keys_root_generate(
+    key_id: Annotated[str, typer.Option("--key-id", help="the root's id, e.g. root-2026")],
+    out_file: Annotated[Path, typer.Option("--out", help="where to write the root's private key file")],
+) -> None:
+    """Make a root key pair, on the offline machine: its public key goes into LEDGERFLOW_KEY_ROOTS."""
+    from ledgerflow.views import keys
+
+    key = keys.root_generate(key_id, out_file)
+    out.print(f"wrote {out_file} (keep it offline)\nroot public key {key.public_key}", highlight=False)
+    out.print(
+        f"trust it: LEDGERFLOW_KEY_ROOTS={key.public_key} on every worker and where `ledgerflow audit` runs",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@keys_app.command("entry")
+@friendly
+def keys_entry(
+    key_id: str,
+    out_file: Annotated[
+        Path, typer.Option("--out", help="where to write the entry, for the root's custodian")
+    ],
+) -> None:
+    """Write a registered key's entry (what it lets the key do), to carry to the offline root machine."""
+    from ledgerflow.views import keys
+
+    record = keys.entry(get_settings(), key_id, out_file)
+    out.print(f"wrote {out_file}: {keys.describe(record)}", highlight=False, soft_wrap=True)
+
+
+@keys_app.command("endorse")
+@friendly
+def keys_endorse(
+    entry_file: Annotated[Path, typer.Argument(help="the entry `ledgerflow keys entry` wrote")],
+    root_key: Annotated[Path, typer.Option("--root-key", help="the root's private key file")],
+    out_file: Annotated[Path, typer.Option("--out", help="where to write the endorsement")],
+) -> None:
+    """Sign a registry entry with a root key, on the offline machine (no database, no network)."""
+    from ledgerflow.views import keys
+
+    record, _ = keys.endorse(entry_file, root_key, out_file)
+    out.print(f"endorsed {keys.describe(record)}", highlight=False, soft_wrap=True)
+    out.print(
+        f"wrote {out_file}: record it with `ledgerflow keys add-endorsement {out_file}`", highlight=False
+    )
+
+
+@keys_app.command("add-endorsement")
+@friendly
+def keys_add_endorsement(
+    file: Annotated[Path, typer.Argument(help="the endorsement `ledgerflow keys endorse` wrote")],
+    actor: Annotated[str, typer.Option("--as", help="who records it (recorded)")],
+    reason: Annotated[str, typer.Option("--reason", help="why (recorded)")],
+) -> None:
+    """Record a root's endorsement of a key, after checking it against the registry's entry."""
+    from ledgerflow.views import keys
+
+    out.print(keys.add_endorsement(get_settings(), file, actor=actor, reason=reason), highlight=False)
 
 
 routes_app = typer.Typer(

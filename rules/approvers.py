@@ -10,14 +10,20 @@ says whether one key may sign one decision, and why not. Verifying the signature
 A key's scopes say which tasks it may decide for and which budgets it may raise: ``*`` (everything),
 ``project:P``, ``episode:P/E`` or ``task:T``. A scope covers itself and everything below it (a project its
 episodes and their tasks).
+
+An entry may be **endorsed** by a root key (an ``endorse`` row: the root's public key and its signature over
+:func:`endorsement_message`, what the entry lets its key do). A deployment that configures root keys
+(``LEDGERFLOW_KEY_ROOTS``) trusts only endorsed entries, so the database's operator credential alone cannot
+make an approver (``rules.people.unendorsed``); the roots' private halves stay offline.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from rules.scopes import SCOPE_TEXT
@@ -25,6 +31,7 @@ from rules.scopes import SCOPE_TEXT
 KEY_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 SCOPE: Final = re.compile(rf"\*|{SCOPE_TEXT.pattern}")  # a budget scope, or everything
 ANY: Final = "*"
+ENDORSEMENT_V1: Final = "ledgerflow key endorsement v1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,20 @@ class KeyRecord:
     added_at: datetime | None = None
     revoked_at: datetime | None = None
     revoked_reason: str = ""
+    # (root public key, its signature over endorsement_message(self)), as recorded; checked by the reader.
+    endorsements: tuple[tuple[str, str], ...] = ()
+
+    def entry(self) -> dict[str, Any]:
+        """What the registry entry lets its key do: what a root key endorses (``endorsement_message``)."""
+        return {
+            "key_id": self.key_id,
+            "approver": self.approver,
+            "public_key": self.public_key,
+            "kinds": list(self.kinds),
+            "scopes": list(self.scopes),
+            "not_before": _utc(self.not_before),
+            "expires_at": _utc(self.expires_at),
+        }
 
     def as_json(self) -> dict[str, Any]:
         def t(v: datetime | None) -> str | None:
@@ -57,7 +78,18 @@ class KeyRecord:
             "added_at": t(self.added_at),
             "revoked_at": t(self.revoked_at),
             "revoked_reason": self.revoked_reason,
+            "endorsed_by": [root for root, _ in self.endorsements],
         }
+
+
+def _utc(v: datetime | None) -> str | None:
+    return None if v is None else v.astimezone(UTC).isoformat()
+
+
+def endorsement_message(entry: Mapping[str, Any]) -> str:
+    """What a root key signs to endorse a registry entry (``KeyRecord.entry()``): a fixed first line, then
+    the entry as canonical JSON (sorted keys, no spaces)."""
+    return ENDORSEMENT_V1 + "\n" + json.dumps(dict(entry), sort_keys=True, separators=(",", ":"))
 
 
 def registry(log: Iterable[Mapping[str, Any]]) -> dict[str, KeyRecord]:
@@ -80,6 +112,9 @@ def registry(log: Iterable[Mapping[str, Any]]) -> dict[str, KeyRecord]:
             keys[kid] = replace(
                 keys[kid], revoked_at=row.get("recorded_at"), revoked_reason=row.get("reason") or ""
             )
+        elif row["action"] == "endorse" and kid in keys and row.get("endorsed_by") and row.get("endorsement"):
+            endorsement = (str(row["endorsed_by"]), str(row["endorsement"]))
+            keys[kid] = replace(keys[kid], endorsements=(*keys[kid].endorsements, endorsement))
     return keys
 
 

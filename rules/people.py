@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from rules.actions import HumanDecisionType, RequestKind
-from rules.approvers import KEY_ID, KeyRecord, refusal
+from rules.approvers import KEY_ID, KeyRecord, endorsement_message, refusal
 from rules.envelope import NewEvent, StoredEvent
 from rules.events import (
     HumanDecision,
@@ -323,6 +323,23 @@ class Keys:
     registry: Mapping[str, KeyRecord]
     verify: Verify
     window: timedelta | None = None
+    # The deployment's root public keys (LEDGERFLOW_KEY_ROOTS): when any, only a key whose registry entry one
+    # of them endorsed may sign (``unendorsed``). Empty: every registered key may, as before roots.
+    roots: frozenset[str] = frozenset()
+
+
+def unendorsed(key: KeyRecord, keys: Keys) -> str | None:
+    """Why ``key`` may not sign under ``keys.roots`` (None if it may): no root configured means no check; else
+    one of its recorded endorsements must be a configured root's valid signature over the entry as it stands.
+    An endorsement of other content (a widened scope, another public key) or by another root counts for
+    nothing."""
+    if not keys.roots:
+        return None
+    message = endorsement_message(key.entry())
+    for root, signature in key.endorsements:
+        if root in keys.roots and keys.verify(root, message, signature):
+            return None
+    return f"key {key.key_id} is not endorsed by a root key (LEDGERFLOW_KEY_ROOTS)"
 
 
 def evaluate(
@@ -358,6 +375,9 @@ def evaluate(
         return refuse(f"unknown key {d.key_id!r} (not in the approver key registry)")
     if not keys.verify(key.public_key, d.message(task_id), d.signature):
         return refuse(f"bad signature for key {d.key_id!r} (forged, altered or signed for another task)")
+    why_not = unendorsed(key, keys)
+    if why_not is not None:
+        return refuse(why_not)
     issued = None if d.issued_at is None else parse_issued_at(d.issued_at)  # its shape is checked
     if keys.window is not None:
         why = outside_window(issued, received_at, keys.window)
@@ -544,6 +564,9 @@ def reverify(
         return Reverified(seq, problem=f"{who}: key {d.key_id!r} is not in the approver key registry")
     if not keys.verify(key.public_key, d.signed, d.signature):
         return Reverified(seq, problem=f"{who}: its signature does not verify with key {key.key_id}")
+    why_not = unendorsed(key, keys)
+    if why_not is not None:
+        return Reverified(seq, problem=f"{who}: {why_not}")
     fields = signed_fields(d.signed)
     if fields is None:
         return Reverified(seq, problem=f"{who}: what it records as signed is not a decision message")

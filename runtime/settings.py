@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -99,6 +100,10 @@ class Settings(BaseSettings):
     # characters): the same on every replica, so each accepts the others' cookies. Required outside dev mode
     # (the page will not start without it); unset in dev mode, a random one per process.
     review_session_secret: SecretStr | None = None
+    # Root public keys (LEDGERFLOW_KEY_ROOTS, comma-separated, 64 hex digits each): when set, workers and the
+    # audit trust only approver keys whose registry entry one of them endorsed (`ledgerflow keys endorse`).
+    # Configuration, never the database: whoever can write the registry cannot add a root.
+    key_roots: str | None = None
 
     def credential(self, env_name: str) -> str:
         """The secret a route's ``credential_env`` names. Read inside the worker only, never passed on."""
@@ -172,6 +177,17 @@ class Settings(BaseSettings):
     def decision_window(self) -> timedelta:
         """How far a signed decision's issued-at may be from when it reached Temporal (rules.people)."""
         return timedelta(seconds=self.decision_window_seconds)
+
+    def root_keys(self) -> frozenset[str]:
+        """LEDGERFLOW_KEY_ROOTS as a set of public keys (64 lowercase hex digits each); ConfigError (one line)
+        naming the first that is not an Ed25519 public key."""
+        roots = [r.strip().lower() for r in (self.key_roots or "").split(",") if r.strip()]
+        for root in roots:
+            if not re.fullmatch(r"[0-9a-f]{64}", root):
+                raise ConfigError(
+                    f"LEDGERFLOW_KEY_ROOTS: {root[:80]!r} is not a root public key (64 hex digits)"
+                )
+        return frozenset(roots)
 
     def review_token_map(self) -> dict[str, str]:
         """The reviewer page's tokens. ConfigError (naming no token) if not a JSON object of strings."""

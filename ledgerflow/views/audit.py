@@ -613,7 +613,8 @@ async def audit(
     started: list[datetime] = []
     planner = Decimal(0)  # the LLM planner's calls: inference, like the review's
     # The key registry (with every key's added and revoked times) and the window, read once for every task.
-    keys = Keys(await asyncio.to_thread(recorder.key_registry), verify, settings.decision_window)
+    registry = await asyncio.to_thread(recorder.key_registry)
+    keys = Keys(registry, verify, settings.decision_window, settings.root_keys())
     signed_since = await asyncio.to_thread(recorder.decisions_signed_since)
     for tid in ids:
         events = await asyncio.to_thread(recorder.read_events, tid)

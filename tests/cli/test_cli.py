@@ -186,3 +186,32 @@ def test_db_sync_queue_rebuilds_the_human_queue_from_the_ledgers(tmp_path, pg_ur
         r"human_queue: \d+ tasks read, [1-9]\d* rows changed, \d+ open requests\n", proc.stdout
     )
     assert left == 0
+
+
+def test_db_sync_queue_names_a_ledger_that_does_not_fold_and_goes_on(tmp_path, pg_url, recorder):
+    tid = f"sq-{uuid.uuid4().hex[:10]}"
+    recorder.take_lease(tid, "test")
+    recorder.open_budget(tid, [("project:sq", None), (f"task:{tid}", None)])
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.begin() as conn:  # an event no ledgerflow wrote (a hand edit, a corrupt restore)
+            seq = conn.execute(
+                sa.text(
+                    "UPDATE task_leases SET next_seq = next_seq + 1 WHERE task_id = :t RETURNING next_seq"
+                ),
+                {"t": tid},
+            ).scalar_one()
+            conn.execute(
+                sa.text(
+                    "INSERT INTO events (task_id, seq, type, epoch, dedup_key, payload)"
+                    " VALUES (:t, :seq, 'Intent', 1, :k, CAST('{\"type\": \"Intent\"}' AS jsonb))"
+                ),
+                {"t": tid, "seq": seq - 1, "k": f"{tid}:bad"},
+            )
+    finally:
+        engine.dispose()
+    proc = run(["db", "sync-queue"], env={"LEDGERFLOW_DATABASE_URL": pg_url}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "ledgers do not fold (left as they were; `ledgerflow audit` them)" in proc.stderr
+    assert tid in proc.stderr and "Traceback" not in proc.stderr
+    assert re.fullmatch(r"human_queue: \d+ tasks read, \d+ rows changed, \d+ open requests\n", proc.stdout)
