@@ -60,6 +60,7 @@ async def build_worker(
     recorder.check_schema()  # never DDL: `ledgerflow db upgrade` migrates (ledger/migrate.py)
     stack.callback(recorder.dispose)
     refuse_dev_secrets(settings, recorder)
+    settings.root_keys()  # a malformed LEDGERFLOW_KEY_ROOTS stops the start (ConfigError), not each decision
     await ensure_search_attributes(client)
     http = await stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
     store = open_store(settings.store_location())

@@ -186,6 +186,12 @@ async def test_an_endorse_row_an_operator_makes_up_endorses_nothing(lf_with, sim
         await handle.cancel()
 
 
+async def test_a_worker_with_a_malformed_root_list_does_not_start(lf_with):
+    with pytest.raises(ConfigError, match=r"^LEDGERFLOW_KEY_ROOTS: 'abc' is not a root public key"):
+        async with lf_with(key_roots="abc"):
+            pass
+
+
 def test_a_malformed_root_list_is_one_line(tmp_path):
     with pytest.raises(
         ConfigError, match=r"^LEDGERFLOW_KEY_ROOTS: 'nope' is not a root public key \(64 hex digits\)$"
