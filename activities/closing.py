@@ -32,7 +32,7 @@ from activities.outputs import Outputs, cancel
 from artifacts.store import ArtifactStore
 from ledger.errors import LedgerError, StaleEpoch
 from ledger.recorder import Recorder
-from reconcile.operations import Next, OperationState, reconcile, stop_step
+from reconcile.operations import Next, OperationState, reconcile, sent_of, stop_step
 from rules.envelope import StoredEvent
 from rules.events import FailureKind
 from rules.operation import OperationRecord, fold_operations
@@ -222,7 +222,7 @@ class ClosingActivities:
         if not sent or not adapter.capabilities.can_lookup or adapter.capabilities.free:
             return 0
         try:
-            jobs = await adapter.find_by_key(key)
+            jobs = await adapter.find_by_key(key, sent=sent_of(record, adapter.route))
         except VendorCannotTell:
             return 0  # the vendor cannot say (its listing is cut): nothing more to learn here
         op = Operation(

@@ -36,7 +36,7 @@ from rules.events import FailureKind
 from rules.inputs import refs
 from rules.routing import BreakerState, Observation, convert
 from runtime.faults import mark
-from vendors.adapter import JobStatus, VendorAdapter, VendorJob, job_amount
+from vendors.adapter import JobStatus, Sent, VendorAdapter, VendorJob, job_amount
 from vendors.errors import (
     VendorAuthError,
     VendorConflict,
@@ -253,6 +253,7 @@ class StageActivities(ClosingActivities):
             if e.refused and send is not None:
                 await op.refused(send, str(e), e.status_code)  # provably not accepted: not "maybe sent"
             earlier = bool(state.maybe_sent) and not caps.free
+            sent = Sent(inp.executor, inp.input)  # what a lookup matches, where the vendor keeps no key
             if isinstance(e, VendorNotFound):
                 # A 404 to a submit is the route's address, not the request: nothing was accepted; pause the
                 # route for a person instead of retrying a wrong URL forever.
@@ -263,7 +264,7 @@ class StageActivities(ClosingActivities):
                 if earlier:
                     # An earlier send may have been accepted (and this one refused because of it): its charge
                     # is not zero. Find it, or ask a person.
-                    return await self._after_refusal(op, adapter, state, e, attempt)
+                    return await self._after_refusal(op, adapter, state, e, attempt, sent)
                 # The request itself is refused: resending it unchanged cannot help. Nothing was accepted.
                 return await op.failure(
                     FailureKind.CONTENT, f"the vendor refused the request: {e}", Decimal(0)
@@ -271,7 +272,7 @@ class StageActivities(ClosingActivities):
             if isinstance(e, VendorConflict):
                 # The key is in use at the vendor (a request still in flight, or an earlier send): adopt what
                 # it holds under the key, or look again shortly; never resubmit into a conflict.
-                return await self._after_refusal(op, adapter, state, e, attempt)
+                return await self._after_refusal(op, adapter, state, e, attempt, sent)
             raise
         attempt.accepted(job.id)
         mark("vendor_accepted", op=op.key, job=job.id)
@@ -280,13 +281,20 @@ class StageActivities(ClosingActivities):
         return job
 
     async def _after_refusal(
-        self, op: Operation, adapter: VendorAdapter, state: OperationState, e: VendorError, attempt: _Attempt
+        self,
+        op: Operation,
+        adapter: VendorAdapter,
+        state: OperationState,
+        e: VendorError,
+        attempt: _Attempt,
+        sent: Sent,
     ) -> VendorJob | StoredEvent:
         """A submit refused because of what the vendor already holds under the key: adopt it, or wait until
         it shows (while a send could still land), or — nothing to look it up with — ask a person."""
         if not adapter.capabilities.can_lookup:
             return await op.unknown(f"the vendor refused a resubmission ({e}) and cannot look the key up")
-        step = after_lookup(state, adapter.route, await adapter.find_by_key(op.key))
+        found = await adapter.find_by_key(op.key, sent=sent)
+        step = after_lookup(state, adapter.route, found)
         if step.job is not None:
             attempt.accepted(step.job.id)
             await self.outputs.charge_extras(

@@ -1093,7 +1093,8 @@ def routes_list(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Every route of this deployment (LEDGERFLOW_ROUTES_FILE, or the built-in table) and its state."""
+    """Every route of this deployment (LEDGERFLOW_ROUTES_FILE, or the built-in table), its adapter and the
+    distribution it comes from (a plugin's, or ledgerflow's own), and its state."""
     if ctx.invoked_subcommand is not None:
         return
     from ledgerflow.views.routes import route_rows, routes_table

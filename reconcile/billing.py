@@ -83,7 +83,7 @@ def accounts(table: RouteTable, vendor_url: str | None) -> tuple[list[Account], 
         if spec.adapter == AdapterKind.LOCAL:
             continue
         base = spec.base_url or vendor_url or ""
-        groups.setdefault((spec.adapter.value, base, spec.credential_env), []).append(name)
+        groups.setdefault((spec.adapter, base, spec.credential_env), []).append(name)
     found = [
         Account(f"{kind} {base} {cred}", names[0], tuple(names), f"{kind} at {base}")
         for (kind, base, cred), names in groups.items()
@@ -210,7 +210,7 @@ async def list_account(adapter: VendorAdapter, since: datetime) -> list[VendorCh
     """The account's charges since ``since`` — or, as a string, why its vendor lists none per call."""
     listing = adapter.inner if isinstance(adapter, TracedAdapter) else adapter  # spans are per operation
     if not adapter.capabilities.can_list_charges or not isinstance(listing, ChargeListing):
-        return f"the {adapter.route.adapter.value} API lists no charges per call"
+        return f"the {adapter.route.adapter} API lists no charges per call"
     return await listing.charges(since)
 
 

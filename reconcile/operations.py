@@ -31,10 +31,27 @@ from temporalio import activity
 
 from rules.envelope import StoredEvent
 from rules.operation import OperationRecord, fold_operation
+from rules.routing import convert
 from runtime import telemetry
-from vendors.adapter import Capabilities, VendorAdapter, VendorJob, mode_of
+from vendors.adapter import Capabilities, Sent, VendorAdapter, VendorJob, mode_of
 from vendors.errors import VendorCannotTell
 from vendors.routes import RouteSpec, VendorMode
+
+
+def sent_of(record: OperationRecord, route: RouteSpec) -> Sent | None:
+    """What the operation sent, from its INTENT: the executor it was sent as (its route, for a fallback) and
+    the request, in the route's field names (``route.convert``, as ``activities.stages`` converts it). None
+    where the INTENT says nothing of it (no INTENT on record, a compensation)."""
+    intent = record.intent
+    action = intent.payload.get("action") if intent is not None else None
+    if not isinstance(action, dict) or action.get("kind") != "Dispatch":
+        return None
+    request, executor = action.get("input"), action.get("executor")
+    if not isinstance(request, dict) or not isinstance(executor, str):
+        return None
+    if record.route and record.route != executor:
+        return Sent(record.route, convert(request, route.convert))
+    return Sent(executor, request)
 
 
 class Next(StrEnum):
@@ -160,7 +177,7 @@ async def _reconcile(
         return step
     since = min(s.at for s in state.maybe_sent) - timedelta(minutes=5)
     try:
-        found = await adapter.find_by_key(operation_key, since=since)
+        found = await adapter.find_by_key(operation_key, since=since, sent=sent_of(state, route))
     except VendorCannotTell:
         return Step(Next.UNKNOWN, why="the vendor could not look the key up")
     step = after_lookup(state, route, found)

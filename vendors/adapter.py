@@ -7,6 +7,11 @@ is declared by :class:`Capabilities`, which reconciliation (``reconcile/operatio
 
 Kinds: ``jobs`` (submit / poll with an Idempotency-Key), ``predictions`` (Replicate-style, no key, found again
 by listing), ``openai`` (synchronous chat and image generation), ``local`` (work the worker does itself).
+
+The protocol is a public, versioned interface: adapters are plugins found by name through the entry point
+group ``ledgerflow.adapters`` (``vendors.plugins``). :data:`ADAPTER_PROTOCOL_VERSION` is its major version; a
+plugin declares the one it was written for and is refused if that major differs. What each method must
+guarantee for the money promises is written down in ``docs/vendor-plugins.md``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHan
 
 from rules.money import VendorAmount, priced_amount, usage_problem, vendor_amount
 from vendors.routes import RouteSpec, VendorMode
+
+# The adapter protocol's major version (VendorAdapter, Capabilities, VendorJob, vendors.errors, the factory's
+# AdapterContext): bumped only by a change an adapter written for the previous one could break under.
+ADAPTER_PROTOCOL_VERSION = 1
 
 
 class JobStatus(StrEnum):
@@ -130,6 +139,16 @@ class VendorCharge(BaseModel, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
+class Sent:
+    """What was sent under an OperationKey, as its INTENT recorded it (``rules.actions.Dispatch``): the
+    executor and the request, artifact references unresolved (their URLs are made per send, never recorded).
+    A vendor that keeps no key of ours (Replicate) can only find its job again by what was asked."""
+
+    executor: str
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     """What an adapter can do for reconciliation after a crash, and what it costs to redo."""
 
@@ -172,8 +191,15 @@ class VendorAdapter(Protocol):
 
     async def get(self, job_id: str) -> VendorJob: ...
 
-    async def find_by_key(self, operation_key: str, *, since: datetime | None = None) -> list[VendorJob]:
-        """Every job the vendor holds for ``operation_key``, oldest first (VendorCannotTell if it cannot)."""
+    async def find_by_key(
+        self, operation_key: str, *, since: datetime | None = None, sent: Sent | None = None
+    ) -> list[VendorJob]:
+        """Every job the vendor holds for ``operation_key``, oldest first (VendorCannotTell if it cannot).
+
+        ``since``: no send of it left before this. ``sent``: what was sent (None where the record does not
+        say): an adapter whose vendor keeps no key matches jobs by it, and raises VendorCannotTell rather
+        than claim a job another operation may own.
+        """
         ...
 
     async def cancel(self, job_id: str) -> VendorJob:

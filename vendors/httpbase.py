@@ -6,9 +6,15 @@
   timeout or a reset means the outcome is unknown.
 * Result URLs may be relative or absolute (a CDN on another host). They are resolved against the route's
   base URL as URLs, never by string concatenation (``base + "@other.host/x"`` would make ``other.host`` the
-  host and the base a user name), and the bearer key goes only to the route's own origin or an origin on its
+  host and the base a user name), and the credential goes only to the route's own origin or an origin on its
   ``allow_hosts`` list (scheme, host and port all match: a bare host there means https on port 443).
   Everything else is downloaded without credentials.
+* How the credential is sent is the route's ``auth`` (``vendors.auth``: bearer by default, an API-key
+  header, basic, a query parameter, an OAuth2 client-credentials token, a signing hook); its ``headers`` go
+  with every request to its own origin (never elsewhere), and its ``paths`` replace an adapter's default paths
+  (``HttpVendor.path``). An API call never leaves the route's own origin, whatever a path or a hook says.
+* After a 401, an adapter whose credential can be renewed (an OAuth2 token) resends the call once with a fresh
+  one: the 401 proved nothing was accepted. Any other credential's 401 is the route's ``VendorAuthError``.
 * A result URL resolving to a loopback, private, link-local or metadata address is refused before anything
   connects (``UnsafeResultUrl``), unless it is the route's own origin or on ``allow_hosts``/``allow_private``.
 * Redirects are followed by hand, at most ``MAX_REDIRECTS``, each hop checked like the first; the key goes
@@ -21,19 +27,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import ipaddress
+import os
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 
+from runtime.settings import ConfigError
 from vendors.adapter import VendorJob
+from vendors.auth import RequestAuth, build_auth
 from vendors.errors import (
     ResultTooLarge,
     ResultUnavailable,
@@ -50,7 +61,10 @@ from vendors.errors import (
     VendorRequestTimeout,
     VendorUnavailable,
 )
-from vendors.routes import Origin, RouteSpec, default_port, origin
+from vendors.routes import Origin, RouteError, RouteSpec, default_port, origin
+
+if TYPE_CHECKING:
+    from vendors.plugins import AdapterContext
 
 DEFAULT_RETRY_AFTER = 1.0
 MAX_REDIRECTS = 5
@@ -62,27 +76,73 @@ class HttpVendor:
     """An HTTP adapter's plumbing: the client, the credential, requests and downloads.
 
     Args:
-        route: The route (base URL, timeouts, hosts that may receive the credential).
+        route: The route (base URL, timeouts, hosts that may receive the credential, how it is sent).
         base_url: The route's base URL, resolved (a route without one uses the deployment's vendor URL).
-        api_key: Sent as a bearer token to the route's own origin only; never logged nor put in messages.
+        api_key: The route's credential (its ``credential_env``'s value), sent as its ``auth`` says to the
+            route's own origin and its ``allow_hosts`` only; never logged nor put in messages.
         client: A shared client (left open by ``aclose``); by default the adapter owns one.
+        credentials: Reads the other secrets the route's ``auth`` names (``*_env``: a basic user name, an
+            OAuth2 client id); the worker's ``Settings.credential``. Default: the process environment.
     """
 
+    # The adapter's request paths by name (``path``), which a route's ``paths`` may replace; an adapter with
+    # none takes no ``paths``. ``ROUTE_SHAPE``: it reads the route's ``shape`` (the jobs protocol's words).
+    ROUTE_PATHS: ClassVar[Mapping[str, str]] = {}
+    ROUTE_SHAPE: ClassVar[bool] = False
+
     def __init__(
-        self, route: RouteSpec, base_url: str, api_key: str, *, client: httpx.AsyncClient | None = None
+        self,
+        route: RouteSpec,
+        base_url: str,
+        api_key: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        credentials: Callable[[str], str] | None = None,
     ) -> None:
         if not api_key:
             raise ValueError("api_key must not be empty")
         self.route = route
         self._base = httpx.URL(base_url.rstrip("/") + "/")
         self._api_key = api_key
-        self._auth = {"Authorization": f"Bearer {api_key}"}
         self._timeout = route.timeouts.request
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(timeout=self._timeout)
         self._own = url_origin(self._base)
         self._keyed = {origin(entry) for entry in route.allow_hosts}
         self._private_ok = {self._own, *self._keyed, *(origin(entry) for entry in route.allow_private)}
+        self._headers = dict(route.headers)
+        try:
+            self._auth: RequestAuth = build_auth(
+                route.auth,
+                api_key,
+                read=credentials or _environment,
+                client=self._client,
+                timeout=self._timeout,
+            )
+        except ValueError as e:  # a signing hook that cannot be loaded
+            raise RouteError(f"auth: {e}") from None
+
+    @classmethod
+    def build(cls, context: AdapterContext) -> Self:
+        """The plugin factory (``vendors.plugins``): ``cls(route, base_url, api_key, client=...,
+        credentials=...)`` from the context. A subclass taking other arguments overrides it."""
+        return cls(
+            context.route,
+            context.require_base_url(),
+            context.api_key(),
+            client=context.client,
+            credentials=context.credential,
+        )
+
+    def path(self, name: str, **values: str) -> str:
+        """The request path ``name`` (the route's ``paths``, else the adapter's ``ROUTE_PATHS``) with its
+        ``{placeholders}`` filled in, each value percent-encoded (a vendor's job id cannot add a query)."""
+        template = self.route.paths.get(name) or self.ROUTE_PATHS[name]
+        path, mark, query = template.partition("?")
+        for key, value in values.items():
+            path = path.replace("{" + key + "}", quote(value, safe=_PATH_SAFE))
+            query = query.replace("{" + key + "}", quote(value, safe=""))  # a query value: & = + encoded too
+        return path + mark + query
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={str(self._base)!r})"
@@ -105,25 +165,38 @@ class HttpVendor:
         *,
         headers: dict[str, str] | None = None,
         cannot_tell_on_501: bool = False,
+        params: Any = None,
         **kwargs: Any,
     ) -> httpx.Response:
-        """One request to the route's own origin (``path`` relative to the base URL), classified."""
+        """One request to the route's own origin (``path`` relative to the base URL, its own query kept and
+        ``params`` added to it), with the route's headers and credential, classified."""
         url = self._base.join(path.lstrip("/"))
+        if params:
+            url = url.copy_merge_params(params)
         where = f"{method} {url.path}"
+        if url_origin(url) != self._own:  # nothing is sent: a refusal of our own
+            raise VendorRejected(f"{where}: not on the route's own origin; nothing was sent")
         cap = self.route.max_json_bytes
-        try:
-            sent = self._client.build_request(
-                method, url, headers={**self._auth, **(headers or {})}, timeout=self._timeout, **kwargs
-            )
-            streamed = await self._client.send(sent, stream=True)
+        for renewed in (False, True):
             try:
-                body, whole = await read_capped(streamed, cap)
-            finally:
-                await streamed.aclose()
-        except httpx.TimeoutException as e:
-            raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s", timed_out=True) from e
-        except httpx.TransportError as e:
-            raise VendorUnavailable(f"{where}: {type(e).__name__}") from e
+                sent = self._client.build_request(
+                    method, url, headers={**self._headers, **(headers or {})}, timeout=self._timeout, **kwargs
+                )
+                used = await self._auth.apply(sent)
+                if url_origin(sent.url) != self._own:  # a signing hook moved it
+                    raise VendorRejected(f"{where}: signed off the route's own origin; nothing was sent")
+                streamed = await self._client.send(sent, stream=True)
+                try:
+                    body, whole = await read_capped(streamed, cap)
+                finally:
+                    await streamed.aclose()
+            except httpx.TimeoutException as e:
+                raise VendorUnavailable(f"{where}: timed out after {self._timeout:g}s", timed_out=True) from e
+            except httpx.TransportError as e:
+                raise VendorUnavailable(f"{where}: {type(e).__name__}") from e
+            # A 401 proves nothing was accepted: one resend, where a fresher credential may exist.
+            if streamed.status_code != 401 or renewed or not await self._auth.renew(used):
+                break
         response = buffered(streamed, body)
         if response.is_success:
             if not whole:  # an answer we cannot read whole may still have been accepted
@@ -147,7 +220,9 @@ class HttpVendor:
             detail = detail or (body.get("detail") if isinstance(body.get("detail"), str) else None)
         # Scrubbed in case a vendor (or a proxy in front of it) echoes request headers or the input URLs it
         # was given (presigned: credentials) into an error body. The message goes into Temporal's history.
-        message = scrub(f"{where} -> {status}: {str(detail or response.reason_phrase)[:300]}", self._api_key)
+        message = scrub(
+            f"{where} -> {status}: {str(detail or response.reason_phrase)[:300]}", *self.secrets()
+        )
         if status == 429:
             return VendorRateLimited(retry_after(response.headers.get("Retry-After")), message)
         if status == 408:
@@ -165,6 +240,10 @@ class HttpVendor:
         if status in (404, 410):
             return VendorNotFound(message, status_code=status)
         return VendorRejected(message, status_code=status)
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret this adapter may send (its credential, a token): never in a message."""
+        return (self._api_key, *self._auth.secrets())
 
     def parse(self, model: type[M], response: httpx.Response) -> M:
         """``model.model_validate`` of the JSON body, or VendorBadResponse (never a bare KeyError)."""
@@ -225,9 +304,13 @@ class HttpVendor:
                 for hop in range(MAX_REDIRECTS + 1):
                     where = f"GET {url.host}{url.path}"
                     await self.check_address(url)
-                    async with self._client.stream(
-                        "GET", url, headers=self._auth if credentials else None, timeout=self._timeout
-                    ) as response:
+                    own = url_origin(url) == self._own  # the route's headers go to its own origin only
+                    request = self._client.build_request(
+                        "GET", url, headers=self._headers if own else None, timeout=self._timeout
+                    )
+                    if credentials:
+                        await self._auth.apply(request)
+                    async with _closing(await self._client.send(request, stream=True)) as response:
                         if response.status_code in REDIRECT_STATUSES:
                             location = response.headers.get("Location")
                             if hop == MAX_REDIRECTS or not location:
@@ -269,6 +352,26 @@ class HttpVendor:
         return error
 
 
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"  # what a placeholder's value keeps as is (``?`` and ``#`` are encoded)
+
+
+def _environment(name: str) -> str:
+    """A secret from the process environment (where no credential reader is given)."""
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"the credential variable {name} (named by a route) is not set")
+    return value
+
+
+@contextlib.asynccontextmanager
+async def _closing(response: httpx.Response) -> AsyncIterator[httpx.Response]:
+    """A streamed response, closed when done with (what ``client.stream`` does, for a request built here)."""
+    try:
+        yield response
+    finally:
+        await response.aclose()
+
+
 def url_origin(url: httpx.URL) -> Origin:
     """A URL's origin: scheme, host (lower case) and port (the scheme's default when it names none)."""
     return url.scheme, url.host.lower(), url.port or default_port(url.scheme)
@@ -304,9 +407,9 @@ def buffered(response: httpx.Response, body: bytes) -> httpx.Response:
 _QUERY = re.compile(r"(\w+://[^\s?#\"'<>]*)\?[^\s\"'<>]*")
 
 
-def scrub(text: str, secret: str = "") -> str:
-    """``text`` without the secret and without any URL's query string (where presigned signatures live)."""
-    if secret:
+def scrub(text: str, *secrets: str) -> str:
+    """``text`` without the secrets and without any URL's query string (where presigned signatures live)."""
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
         text = text.replace(secret, "***")
     return _QUERY.sub(r"\1?…", text)
 

@@ -9,6 +9,19 @@ Wire protocol (``vendors/simulator``'s, and that of most paid generation APIs)::
     GET  <result.url>               → the bytes       (relative, or absolute on a CDN)
     GET  /billing/charges?job_id=&idempotency_key=    → {charges: [{job_id, idempotency_key, amount}]}
     GET  /billing/charges?since=T&cursor=C            → {charges: [… created_at], next}: the account's listing
+
+A jobs-like vendor with other paths and words needs no code: the route's ``paths`` replace these (by name:
+``submit``, ``get``, ``cancel``, ``find``, ``charges``; each holding the placeholders of its default,
+``ROUTE_PATHS``) and its ``shape`` names the job's id and status fields, the lookup's list and the status
+words::
+
+    paths: {submit: /v2/tasks, get: "/v2/tasks/{job_id}", cancel: "/v2/tasks/{job_id}:abort",
+            find: "/v2/tasks?client_token={operation_key}"}
+    shape: {id_field: task_id, status_field: state, list_field: tasks,
+            statuses: {queued: running, working: running, done: succeeded, error: failed, aborted: cancelled}}
+
+The rest of the protocol stays: the ``Idempotency-Key`` header, the body's ``progress``, ``cost``, ``error``
+and ``result``, the billing's query parameters and fields.
 """
 
 from __future__ import annotations
@@ -16,15 +29,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from vendors.adapter import Capabilities, JobError, JobStatus, ResultFile, VendorCharge, VendorJob
-from vendors.errors import ArtifactHashMismatch, VendorCannotTell, VendorConflict, VendorWaitTimeout
+from vendors.adapter import Capabilities, JobError, JobStatus, ResultFile, Sent, VendorCharge, VendorJob
+from vendors.errors import (
+    ArtifactHashMismatch,
+    VendorBadResponse,
+    VendorCannotTell,
+    VendorConflict,
+    VendorWaitTimeout,
+)
 from vendors.httpbase import HttpVendor
 from vendors.routes import VendorMode
 
@@ -78,6 +97,15 @@ class _WireJob(BaseModel):
 class JobsAdapter(HttpVendor):
     """Async client of a "submit, then poll" vendor with idempotency keys (see the module doc)."""
 
+    ROUTE_PATHS: ClassVar[Mapping[str, str]] = {
+        "submit": "/jobs",
+        "get": "/jobs/{job_id}",
+        "cancel": "/jobs/{job_id}/cancel",
+        "find": "/jobs?idempotency_key={operation_key}",
+        "charges": "/billing/charges",
+    }
+    ROUTE_SHAPE: ClassVar[bool] = True
+
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -107,21 +135,33 @@ class JobsAdapter(HttpVendor):
         body: dict[str, Any] = {"executor": executor, "input": request, "estimate": str(estimate)}
         if files:
             body["input_urls"] = files
-        response = await self.request("POST", "/jobs", json=body, headers={"Idempotency-Key": operation_key})
+        response = await self.request(
+            "POST", self.path("submit"), json=body, headers={"Idempotency-Key": operation_key}
+        )
         return self._job(response)
 
     async def get(self, job_id: str) -> VendorJob:
-        return self._job(await self.request("GET", f"/jobs/{job_id}"))
+        return self._job(await self.request("GET", self.path("get", job_id=job_id)))
 
-    async def find_by_key(self, operation_key: str, *, since: datetime | None = None) -> list[VendorJob]:
-        response = await self.request(
-            "GET", "/jobs", params={"idempotency_key": operation_key}, cannot_tell_on_501=True
-        )
-        return [job.normalised() for job in self.parse(_WireJobs, response).jobs]
+    async def find_by_key(
+        self, operation_key: str, *, since: datetime | None = None, sent: Sent | None = None
+    ) -> list[VendorJob]:
+        path = self.path("find", operation_key=operation_key)
+        response = await self.request("GET", path, cannot_tell_on_501=True)
+        if self.route.shape is None:
+            return [job.normalised() for job in self.parse(_WireJobs, response).jobs]
+        try:
+            body = response.json()
+        except ValueError as e:
+            raise VendorBadResponse(f"malformed answer from the vendor: {type(e).__name__}") from e
+        listed = body.get(self.route.shape.list_field) if isinstance(body, dict) else body
+        if not isinstance(listed, list):
+            raise VendorBadResponse(f"the lookup's answer holds no {self.route.shape.list_field!r} list")
+        return [self._wire(raw).normalised() for raw in listed]
 
     async def cancel(self, job_id: str) -> VendorJob:
         try:
-            response = await self.request("POST", f"/jobs/{job_id}/cancel")
+            response = await self.request("POST", self.path("cancel", job_id=job_id))
         except VendorConflict:
             # 409 means the job already finished: too late to cancel is not an error for the caller.
             return await self.get(job_id)
@@ -140,7 +180,7 @@ class JobsAdapter(HttpVendor):
 
     async def charged(self, operation_key: str, job_id: str | None) -> str | None:
         params = {"idempotency_key": operation_key} if job_id is None else {"job_id": job_id}
-        response = await self.request("GET", "/billing/charges", params=params)
+        response = await self.request("GET", self.path("charges"), params=params)
         charges = self.parse(_Charges, response).charges
         if not charges:
             return None
@@ -160,7 +200,7 @@ class JobsAdapter(HttpVendor):
             if cursor:
                 params["cursor"] = cursor
             page: _ChargePage = self.parse(
-                _ChargePage, await self.request("GET", "/billing/charges", params=params)
+                _ChargePage, await self.request("GET", self.path("charges"), params=params)
             )
             out.extend(
                 VendorCharge(
@@ -202,8 +242,33 @@ class JobsAdapter(HttpVendor):
             await asyncio.sleep(pause)
 
     def _job(self, response: Any) -> VendorJob:
-        wire: _WireJob = self.parse(_WireJob, response)
-        return wire.normalised()
+        if self.route.shape is None:
+            wire: _WireJob = self.parse(_WireJob, response)
+            return wire.normalised()
+        try:
+            raw = response.json()
+        except ValueError as e:
+            raise VendorBadResponse(f"malformed answer from the vendor: {type(e).__name__}") from e
+        return self._wire(raw).normalised()
+
+    def _wire(self, raw: Any) -> _WireJob:
+        """A job body in the route's ``shape`` (its id and status fields, its status words) read as ours."""
+        shape = self.route.shape
+        assert shape is not None
+        if not isinstance(raw, dict):
+            raise VendorBadResponse("malformed answer from the vendor: a job is not an object")
+        body = {k: v for k, v in raw.items() if k not in ("id", "status")}
+        ident = raw.get(shape.id_field)
+        body["id"] = str(ident) if isinstance(ident, int) and not isinstance(ident, bool) else ident
+        word = raw.get(shape.status_field)
+        status = shape.statuses.get(word) if isinstance(word, str) else None
+        if status is None:
+            raise VendorBadResponse(f"job status {str(word)[:40]!r} is not in the route's shape.statuses")
+        body["status"] = status
+        try:
+            return _WireJob.model_validate(body)
+        except ValueError as e:
+            raise VendorBadResponse(f"malformed answer from the vendor: {type(e).__name__}") from e
 
 
 class _WireJobs(BaseModel):

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from artifacts.store import ArtifactError, ArtifactStore
 from media import MediaInvalid, assemble
@@ -34,6 +34,7 @@ from vendors.adapter import (
     JobStatus,
     MediaInfo,
     ResultFile,
+    Sent,
     VendorCharge,
     VendorJob,
 )
@@ -41,6 +42,9 @@ from vendors.codecheck import check_markdown
 from vendors.errors import VendorNotFound, VendorRejected
 from vendors.routes import RouteSpec
 from vendors.sandbox import SandboxUnavailable
+
+if TYPE_CHECKING:
+    from vendors.plugins import AdapterContext
 
 Body = Callable[[dict[str, Any]], Awaitable[VendorJob]]
 # Work the worker does itself is ours: its outputs carry our own rights metadata (the review checks
@@ -58,6 +62,11 @@ def _done(data: bytes, fmt: str) -> VendorJob:
 
 class LocalAdapter:
     """Runs a local body for an executor; reads its inputs from the artifact store."""
+
+    @classmethod
+    def build(cls, context: AdapterContext) -> LocalAdapter:
+        """The plugin factory (``vendors.plugins``): no URL, no credential, only the artifact stores."""
+        return cls(context.route, context.store_for)
 
     def __init__(self, route: RouteSpec, store_for: Callable[[str], ArtifactStore]) -> None:
         self.route = route
@@ -95,7 +104,9 @@ class LocalAdapter:
     async def get(self, job_id: str) -> VendorJob:
         raise VendorNotFound(f"{job_id}: local work keeps no jobs")
 
-    async def find_by_key(self, operation_key: str, *, since: datetime | None = None) -> list[VendorJob]:
+    async def find_by_key(
+        self, operation_key: str, *, since: datetime | None = None, sent: Sent | None = None
+    ) -> list[VendorJob]:
         return []
 
     async def cancel(self, job_id: str) -> VendorJob:

@@ -1,58 +1,85 @@
-"""The ``predictions`` adapter: Replicate-style predictions, the most common shape of real video APIs.
+"""The ``predictions`` adapter: Replicate's HTTP API, as its published OpenAPI document describes it.
 
-    POST /v1/predictions              {version, input, metadata: {operation_key}}  → 201 prediction
-    GET  /v1/predictions/{id}         → {id, status, output, error, metrics: {predict_time}, created_at, …}
-    GET  /v1/predictions?cursor=C     → {results: [newest first], next}
-    POST /v1/predictions/{id}/cancel
-    GET  /v1/usage?since=T&cursor=C   → {results: [{prediction_id, metadata, amount, created_at}], next}
+    POST /v1/predictions              {version, input, webhook?, webhook_events_filter?}  → 201 prediction
+    GET  /v1/predictions/{id}         → {id, model, version, input, status, output, error, metrics,
+                                         data_removed, created_at, urls, …}
+    GET  /v1/predictions?created_after=T  → {results: [predictions, newest first], next: URL | null, previous}
+    POST /v1/predictions/{id}/cancel  → prediction
 
-There is no idempotency key: every POST creates and bills a prediction. So the route's mode is at most
-``lookup_only`` — a lost POST is found again by listing recent predictions and matching the OperationKey in
-their ``metadata`` — and the body reports no cost: it is priced from ``metrics.predict_time`` at the route's
-``price.per_second`` (plus ``per_call``). Outputs are URLs on the vendor's CDN (another host: downloaded
-without the key).
+What that API does not offer, and what follows from it (checked against the document, kept with its source
+in ``tests/vendors/schemas/``):
+
+* **No idempotency key, no metadata.** The create body is exactly ``version``, ``input``, ``webhook``,
+  ``webhook_events_filter`` (``additionalProperties: false``); every POST creates and bills a prediction. So
+  the route's mode is at most ``lookup_only``, and a prediction whose answer was lost is found again only by
+  what was asked: the listing's items carry ``version``, ``input`` and ``created_at``, and ``find_by_key``
+  matches the recorded request (``Sent``, from the operation's INTENT) against them, within the send's window
+  (``created_after``). Inputs that were artifact references went out as URLs made for that one send (never
+  recorded): any URL matches them. Two predictions of one version with the same input in the window cannot be
+  told apart — another operation may own one — so ``find_by_key`` says it cannot tell (the operation is then
+  an unknown outcome for a person), never claims one. ``webhook`` is not returned by any endpoint, so a
+  webhook URL cannot be read back; a route's ``webhook_url`` (``{operation_key}`` in it) is sent for the
+  callback itself.
+* **No billing listing.** No endpoint lists charges or usage: ``charged`` and ``charges`` cannot say
+  (``can_list_charges`` is false); the bill is the route's price of ``metrics.predict_time`` (plus
+  ``per_call``), which is what Replicate bills for public models.
+* **Outputs need the key.** "You'll need to pass the Authorization header to request them" — they are
+  served by ``replicate.delivery``: list that host in the route's ``allow_hosts`` (the key goes to the route's
+  own origin and those hosts only). Outputs are removed after an hour by default (``data_removed``): a
+  prediction whose output is gone is a purge (the download fails that output).
+* Statuses: ``starting``, ``processing``, ``succeeded``, ``failed``, ``canceled``, and ``aborted`` (ended
+  before it started running: nothing ran).
+
+Inputs: a request's ``inputs`` (artifact references, ``rules.inputs``) become the model's own inputs, each
+reference replaced by the URL the store made for this send (``files``); the rest of the request is sent as is.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
+from urllib.parse import parse_qsl, quote, urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from rules.inputs import is_ref
 from vendors.adapter import (
     Capabilities,
     JobError,
     JobErrorKind,
     JobStatus,
     ResultFile,
+    Sent,
     VendorCharge,
     VendorJob,
 )
-from vendors.errors import VendorCannotTell
+from vendors.errors import VendorBadResponse, VendorCannotTell
 from vendors.httpbase import HttpVendor
 
-MAX_PAGES = 50  # a lookup never lists more than this many pages (1,000 predictions) back
-USAGE_PAGE = 500
-MAX_USAGE_PAGES = 2000  # the usage listing is cut (VendorCannotTell) beyond a million predictions
-_STATUS = {
+MAX_PAGES: Final = 20  # a lookup never lists more than this many pages (2,000 predictions) back
+_STATUS: Final = {
     "starting": JobStatus.RUNNING,
     "processing": JobStatus.RUNNING,
     "succeeded": JobStatus.SUCCEEDED,
     "failed": JobStatus.FAILED,
     "canceled": JobStatus.CANCELLED,
+    "aborted": JobStatus.CANCELLED,
 }
-_CONTENT_WORDS = ("nsfw", "content policy", "safety")
+_CONTENT_WORDS: Final = ("nsfw", "content policy", "safety")
+_ANY_URL: Final = object()  # in an expected input: the URL made for one send of an artifact reference
 
 
 class _Prediction(BaseModel):
-    id: str
+    id: str = Field(min_length=1, max_length=200)
     status: str
-    output: str | list[str] | None = None
+    version: str | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    output: Any = None
     error: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    data_removed: bool = False
     created_at: datetime | None = None
 
     def normalised(self) -> VendorJob:
@@ -74,7 +101,6 @@ class _Prediction(BaseModel):
             id=self.id,
             status=status,
             progress=progress,
-            idempotency_key=str(self.metadata.get("operation_key") or "") or None,
             seconds=float(seconds) if isinstance(seconds, int | float) else None,
             error=error,
             result=result,
@@ -86,24 +112,10 @@ class _Page(BaseModel):
     next: str | None = None
 
 
-class _Usage(BaseModel):
-    prediction_id: str
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    amount: str
-    created_at: datetime | None = None
-
-
-class _UsagePage(BaseModel):
-    results: list[_Usage] = Field(default_factory=list)
-    next: str | None = None
-
-
 class PredictionsAdapter(HttpVendor):
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            can_lookup=True, can_cancel=True, synchronous=False, has_billing=False, can_list_charges=True
-        )
+        return Capabilities(can_lookup=True, can_cancel=True, synchronous=False, has_billing=False)
 
     async def submit(
         self,
@@ -115,73 +127,118 @@ class PredictionsAdapter(HttpVendor):
         files: dict[str, str] | None = None,
     ) -> VendorJob:
         body: dict[str, Any] = {
-            "version": self.route.model or executor,
-            "input": request,
-            "metadata": {"operation_key": operation_key},
+            "version": self._version(executor),
+            "input": model_input(request, files or {}),
         }
-        if files:
-            body["input_urls"] = files
+        if self.route.webhook_url is not None:
+            body["webhook"] = self.route.webhook_url.replace("{operation_key}", quote(operation_key, safe=""))
+            body["webhook_events_filter"] = ["completed"]
         return self._job(await self.request("POST", "/v1/predictions", json=body))
 
     async def get(self, job_id: str) -> VendorJob:
-        return self._job(await self.request("GET", f"/v1/predictions/{job_id}"))
+        return self._job(await self.request("GET", f"/v1/predictions/{quote(job_id, safe='')}"))
 
-    async def find_by_key(self, operation_key: str, *, since: datetime | None = None) -> list[VendorJob]:
-        """Page back through recent predictions (newest first) until ``since``, matching the metadata."""
-        found: list[VendorJob] = []
-        cursor: str | None = None
+    async def find_by_key(
+        self, operation_key: str, *, since: datetime | None = None, sent: Sent | None = None
+    ) -> list[VendorJob]:
+        """The prediction ``sent`` created, found by its version and input among those created since
+        ``since`` (newest first, a page at a time); [] once the window is listed without it.
+
+        VendorCannotTell: nothing says what was sent; the listing was cut before it reached ``since``; or
+        more than one prediction matches (another operation may have asked the same)."""
+        if sent is None:
+            raise VendorCannotTell(f"{operation_key}: Replicate keeps no key; what was sent is not on record")
+        version = self._version(sent.executor)
+        expected = model_input(sent.request, None)
+        found: list[_Prediction] = []
+        params: dict[str, str] = {"created_after": since.isoformat()} if since is not None else {}
         for _ in range(MAX_PAGES):
-            params = {"cursor": cursor} if cursor else None
             page: _Page = self.parse(_Page, await self.request("GET", "/v1/predictions", params=params))
-            for p in page.results:
-                if p.metadata.get("operation_key") == operation_key:
-                    found.append(self._normalise(p))
-            oldest = page.results[-1].created_at if page.results else None
-            if page.next is None or (since is not None and oldest is not None and oldest < since):
-                return list(reversed(found))  # oldest first
-            cursor = page.next
-        if found:
-            return list(reversed(found))
-        # The listing was cut before it reached the send's time: "not found" here proves nothing.
-        raise VendorCannotTell(f"{operation_key} not in the newest {MAX_PAGES} pages of predictions")
+            found += [p for p in page.results if p.version == version and same_input(p.input, expected)]
+            if page.next is None:
+                break
+            params = _cursor(page.next)
+        else:
+            raise VendorCannotTell(f"{operation_key}: not in the newest {MAX_PAGES} pages of predictions")
+        if len(found) > 1:
+            ids = ", ".join(p.id for p in found[:5])
+            raise VendorCannotTell(
+                f"{operation_key}: {len(found)} predictions of {version} with its input ({ids}): which one is"
+                " this operation's cannot be told"
+            )
+        return [self._normalise(p) for p in found]
 
     async def cancel(self, job_id: str) -> VendorJob:
-        return self._job(await self.request("POST", f"/v1/predictions/{job_id}/cancel"))
+        return self._job(await self.request("POST", f"/v1/predictions/{quote(job_id, safe='')}/cancel"))
 
     async def charged(self, operation_key: str, job_id: str | None) -> str | None:
         return None  # no billing API: the cost is the route's price of the prediction's metrics
 
     async def charges(self, since: datetime) -> list[VendorCharge]:
-        """The account's usage listing since ``since``: each billed prediction, its amount and metadata."""
-        out: list[VendorCharge] = []
-        cursor: str | None = None
-        for _ in range(MAX_USAGE_PAGES):
-            params = {"since": since.isoformat(), "limit": str(USAGE_PAGE)}
-            if cursor:
-                params["cursor"] = cursor
-            page: _UsagePage = self.parse(_UsagePage, await self.request("GET", "/v1/usage", params=params))
-            for u in page.results:
-                key = u.metadata.get("operation_key")
-                out.append(
-                    VendorCharge(
-                        job_id=u.prediction_id,
-                        operation_key=str(key) if key else None,
-                        amount=u.amount,
-                        at=u.created_at,
-                    )
-                )
-            if page.next is None:
-                return out
-            cursor = page.next
-        raise VendorCannotTell(f"more than {MAX_USAGE_PAGES * USAGE_PAGE} billed predictions since {since}")
+        raise VendorCannotTell("Replicate's API lists no charges or usage (its bills are on the dashboard)")
+
+    def _version(self, executor: str) -> str:
+        return self.route.model or executor
 
     def _normalise(self, p: _Prediction) -> VendorJob:
         try:
             return p.normalised()
-        except ValueError as e:
-            from vendors.errors import VendorBadResponse
-
+        except (ValueError, ValidationError) as e:
             raise VendorBadResponse(f"malformed prediction from the vendor: {e}") from e
 
     def _job(self, response: Any) -> VendorJob:
         return self._normalise(self.parse(_Prediction, response))
+
+
+def model_input(request: dict[str, Any], files: dict[str, str] | None) -> dict[str, Any]:
+    """The model's ``input`` for a request: its fields, and each of its ``inputs`` as a model input of that
+    name, every artifact reference replaced by its URL for this send (``files``: sha256 → URL; None: by a
+    marker any URL matches, for ``same_input``)."""
+    out = {k: v for k, v in request.items() if k != "inputs"}
+    inputs = request.get("inputs")
+    if isinstance(inputs, dict):
+        out.update({name: _urls(value, files) for name, value in inputs.items()})
+    elif inputs is not None:
+        out["inputs"] = _urls(inputs, files)
+    return out
+
+
+def _urls(value: Any, files: dict[str, str] | None) -> Any:
+    if is_ref(value):
+        return _ANY_URL if files is None else files.get(value["sha256"], value["uri"])
+    if isinstance(value, dict):
+        return {k: _urls(v, files) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_urls(v, files) for v in value]
+    return value
+
+
+def same_input(seen: Any, expected: Any) -> bool:
+    """Whether the input a prediction reports is the one ``expected`` (``model_input(request, None)``)
+    describes: equal as JSON, a URL standing wherever an artifact reference was sent."""
+    if expected is _ANY_URL:
+        return isinstance(seen, str) and seen.startswith(("https://", "http://", "file://"))
+    if isinstance(expected, dict):
+        return (
+            isinstance(seen, dict)
+            and seen.keys() == expected.keys()
+            and all(same_input(seen[k], v) for k, v in expected.items())
+        )
+    if isinstance(expected, list):
+        return (
+            isinstance(seen, list)
+            and len(seen) == len(expected)
+            and all(same_input(s, e) for s, e in zip(seen, expected, strict=True))
+        )
+    return bool(_json(seen) == _json(expected))
+
+
+def _json(value: Any) -> Any:
+    """A scalar as it travels (a Decimal in a recorded request is a number on the wire)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _cursor(next_url: str) -> dict[str, str]:
+    """The query of the listing's ``next`` URL: sent to our own base URL, never to whatever host it names
+    (the key goes only to the route's origin)."""
+    return dict(parse_qsl(urlsplit(next_url).query, keep_blank_values=True))

@@ -1,7 +1,10 @@
 """One adapter per route, built from the route table when a worker starts.
 
-Credentials are resolved here, inside the worker: a route names the environment variable that holds its key
-and ``credential`` reads it. Nothing built here ever goes into a workflow argument, result or error.
+Each route's ``adapter`` names a plugin (``vendors.plugins``: the entry point group ``ledgerflow.adapters``,
+where the four built-in adapters are registered too); its factory builds the adapter from an
+``AdapterContext``. Credentials are resolved here, inside the worker: a route names the environment variables
+that hold its secrets and ``credential`` reads them. Nothing built here ever goes into a workflow argument,
+result or error.
 """
 
 from __future__ import annotations
@@ -11,18 +14,19 @@ from collections.abc import Callable
 import httpx
 
 from artifacts.store import ArtifactStore
+from vendors import plugins
 from vendors.adapter import VendorAdapter
-from vendors.jobs import JobsAdapter
-from vendors.local import LocalAdapter
-from vendors.openai import OpenAIAdapter
-from vendors.predictions import PredictionsAdapter
-from vendors.routes import AdapterKind, RouteError, RouteTable
+from vendors.plugins import AdapterContext
+from vendors.routes import RouteTable
 from vendors.traced import TracedAdapter
 
 
 class Adapters:
     """The adapter of every route in ``table`` (built lazily, one per route, shared by every activity, each
     call a span).
+
+    Every route's adapter is checked when this is made (installed once, importable, of this protocol
+    version: ``vendors.plugins.check_table``), so a worker with an unusable plugin does not start.
 
     Args:
         table: The route table.
@@ -41,6 +45,7 @@ class Adapters:
         client: httpx.AsyncClient,
         store_for: Callable[[str], ArtifactStore],
     ) -> None:
+        plugins.check_table(table)
         self.table = table
         self._vendor_url = vendor_url
         self._credential = credential
@@ -56,20 +61,20 @@ class Adapters:
             adapter = self._built[executor] = TracedAdapter(self._build(executor))
         return adapter
 
-    def _build(self, executor: str) -> VendorAdapter:
+    def context(self, executor: str) -> AdapterContext:
+        """What the route's factory builds its adapter from."""
         route = self.table.route(executor)
-        if route.adapter == AdapterKind.LOCAL:
-            return LocalAdapter(route, self._store_for)
-        base = route.base_url or self._vendor_url
-        if not base:
-            raise RouteError(f"route {executor!r}: no base_url, and no LEDGERFLOW_VENDOR_URL to default to")
-        key = self._credential(route.credential_env)
-        kinds: dict[AdapterKind, type[JobsAdapter] | type[PredictionsAdapter] | type[OpenAIAdapter]] = {
-            AdapterKind.JOBS: JobsAdapter,
-            AdapterKind.PREDICTIONS: PredictionsAdapter,
-            AdapterKind.OPENAI: OpenAIAdapter,
-        }
-        return kinds[route.adapter](route, base, key, client=self._client)
+        return AdapterContext(
+            route_name=executor,
+            route=route,
+            base_url=route.base_url or self._vendor_url,
+            credential=self._credential,
+            client=self._client,
+            store_for=self._store_for,
+        )
+
+    def _build(self, executor: str) -> VendorAdapter:
+        return plugins.build(self.context(executor))
 
     async def aclose(self) -> None:
         for adapter in self._built.values():

@@ -4,9 +4,13 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
 
     routes:
       video.motion:
-        adapter: predictions          # jobs | predictions | openai | local
+        adapter: predictions          # a name in the entry point group ``ledgerflow.adapters``: the built-in
+                                      # jobs | predictions | openai | local, or an installed plugin's
         base_url: https://api.example.com
         credential_env: MOTION_API_KEY  # the NAME of the variable holding the key, never the key
+        auth: {scheme: bearer}        # how the key is sent (vendors/auth.py): bearer (the default) | header |
+                                      # basic | query | oauth2_client_credentials | signed
+        headers: {X-Api-Version: "2024-06-01"}  # static headers to its own origin (no secrets)
         mode: lookup_only             # what the vendor can do after a crash (reconcile.operations)
         key_retention: 24h            # how long the vendor remembers an idempotency key
         max_accept_seconds: 30        # how long after the client gave up a submit may still create a job
@@ -18,7 +22,18 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
         allow_private: []             # origins on private/loopback addresses result URLs may name (no key)
         max_result_bytes: 2GiB        # a result larger than this is refused (invalid_output, at its cost)
         max_json_bytes: 16MiB         # an API answer larger than this is unreadable
+      image.keyframe:
+        adapter: jobs
+        paths: {submit: /v2/tasks, get: "/v2/tasks/{job_id}"}  # the adapter's paths, relative to base_url
+        shape: {id_field: task_id, status_field: state,         # the jobs protocol in the vendor's words
+                statuses: {queued: running, done: succeeded, error: failed, aborted: cancelled}}
     reviewers: [compliance.rules, content.llm]
+
+Adapters are plugins (``vendors.plugins``, ``docs/vendor-plugins.md``): ``adapter`` names an entry point of
+the group ``ledgerflow.adapters``; a route file naming one that is not installed, is installed twice, cannot
+be imported or speaks another protocol version is refused at load, in one line. ``paths`` (templates whose
+``{placeholders}`` are those of the adapter's own defaults: ``jobs``'s are submit, get, cancel, find,
+charges) and ``shape`` are read by adapters that declare them (``ROUTE_PATHS``, ``ROUTE_SHAPE``: ``jobs``).
 
 ``monthly_cap`` is the vendor contract's ceiling, not a plan's: a budget account per month,
 ``route:video.motion:2026-12``, created by the month's first dispatch with the cap as its ceiling; every
@@ -31,8 +46,9 @@ is the file's JSON schema (``ledgerflow routes schema``). Without a file, every 
 runs on the ``jobs`` adapter at ``LEDGERFLOW_VENDOR_URL`` (the simulator in the embedded stack) and
 ``code.validate`` runs locally.
 
-Secrets: a route names the environment variable of its credential; the adapter reads it inside the worker.
-Nothing here is ever put in a workflow argument, result, heartbeat or error.
+Secrets: a route names the environment variable of its credential (and ``auth``'s ``*_env`` names: a basic
+user, an OAuth2 client id); the adapter reads them inside the worker. Nothing here is ever put in a workflow
+argument, result, heartbeat or error.
 """
 
 from __future__ import annotations
@@ -42,11 +58,12 @@ import re
 from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -61,6 +78,7 @@ from rules.plan import Routes, Seconds
 from rules.pricing import RoutePrice
 from rules.routing import BreakerPolicy, Candidate
 from runtime.settings import ConfigError, Settings
+from vendors.auth import SCHEMES, AuthConfig, BearerAuth, OAuth2ClientCredentials, static_headers
 
 LOCAL_EXECUTORS: Final = frozenset({"code.validate", "media.assemble"})
 DEFAULT_EXECUTORS: Final = frozenset(
@@ -148,6 +166,9 @@ class RouteError(ValueError):
 
 
 class AdapterKind(StrEnum):
+    """The built-in adapters' names (``RouteSpec.adapter`` is any installed adapter's name: a string; these
+    compare equal to it)."""
+
     JOBS = "jobs"  # submit / poll with an Idempotency-Key (vendors/jobs.py)
     PREDICTIONS = "predictions"  # Replicate-style predictions, no idempotency key (vendors/predictions.py)
     OPENAI = "openai"  # OpenAI-compatible chat and image generation, synchronous (vendors/openai.py)
@@ -164,6 +185,59 @@ class VendorMode(StrEnum):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+ADAPTER_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # what an entry point name may be
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+JobStatusName = Literal["running", "succeeded", "failed", "cancelled"]
+_FIELD_NAME = r"^[A-Za-z_][A-Za-z0-9_-]{0,99}$"
+
+
+def placeholders(template: str) -> list[str]:
+    """The ``{names}`` of a path template, in order."""
+    return _PLACEHOLDER.findall(template)
+
+
+def path_template(value: str) -> str:
+    """A path template's syntax (ValueError, one line): relative to the route's base URL, beginning with
+    ``/``, no scheme, host, fragment or ``..`` segment, ``{placeholders}`` balanced and named."""
+    if not value.startswith("/") or value.startswith("//") or "://" in value:
+        raise ValueError(f"must be a path beginning with / (no scheme or host), got {value[:60]!r}")
+    if "#" in value or any(c.isspace() or ord(c) < 0x20 for c in value):
+        raise ValueError(f"must hold no fragment, space or control character: {value[:60]!r}")
+    if ".." in value.split("?", 1)[0].split("/"):
+        raise ValueError(f"must hold no '..' segment: {value[:60]!r}")
+    if _PLACEHOLDER.sub("", value).count("{") or _PLACEHOLDER.sub("", value).count("}"):
+        raise ValueError(f"has an unbalanced brace: {value[:60]!r}")
+    for name in placeholders(value):
+        if not name.isidentifier():
+            raise ValueError(f"{{{name}}} is not a placeholder name: {value[:60]!r}")
+    return value
+
+
+class JobShape(_Strict):
+    """The jobs protocol in a vendor's words (the ``jobs`` adapter; the defaults are the simulator's).
+
+    ``statuses`` replaces the vocabulary whole: every word the vendor reports, mapped to ours (a word not
+    listed is an unreadable answer, ``VendorBadResponse``); it must name a running, a succeeded and a failed
+    word.
+    """
+
+    id_field: str = Field(default="id", pattern=_FIELD_NAME)
+    status_field: str = Field(default="status", pattern=_FIELD_NAME)
+    list_field: str = Field(default="jobs", pattern=_FIELD_NAME)  # the lookup's list in its answer
+    statuses: dict[Annotated[str, Field(min_length=1, max_length=100)], JobStatusName] = Field(
+        default_factory=lambda: {s: s for s in ("running", "succeeded", "failed", "cancelled")},
+        max_length=100,
+    )
+
+    @field_validator("statuses")
+    @classmethod
+    def _every_end(cls, value: dict[str, str]) -> dict[str, str]:
+        missing = [s for s in ("running", "succeeded", "failed") if s not in value.values()]
+        if missing:
+            raise ValueError(f"must map a vendor word to {', '.join(missing)}")
+        return value
 
 
 class Price(_Strict):
@@ -215,9 +289,21 @@ class Breaker(_Strict):
 class RouteSpec(_Strict):
     """One executor's route (or a fallback route another route lists)."""
 
-    adapter: AdapterKind = AdapterKind.JOBS
+    # The name of an installed adapter (an entry point of ``ledgerflow.adapters``; AdapterKind: the built-in
+    # ones). Checked against what is installed when a route file loads (``vendors.plugins.check_table``).
+    adapter: str = AdapterKind.JOBS.value
     base_url: str | None = None  # None: LEDGERFLOW_VENDOR_URL (the embedded simulator)
     credential_env: str = Field(default=DEFAULT_CREDENTIAL_ENV, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    # How the credential is sent (vendors/auth.py): bearer by default; the secrets are always *_env names.
+    auth: AuthConfig = BearerAuth()
+    # Static headers of every request to the route's own origin: no Authorization, Cookie, Host …
+    headers: dict[str, str] = Field(default_factory=dict, max_length=50)
+    # The adapter's request paths by name, overriding its defaults (``jobs``: submit, get, cancel, find,
+    # charges), relative to base_url; each holds exactly the {placeholders} of the default it replaces.
+    paths: dict[str, Annotated[str, AfterValidator(path_template)]] = Field(
+        default_factory=dict, max_length=50
+    )
+    shape: JobShape | None = None  # the jobs protocol's words (None: the defaults)
     mode: VendorMode = VendorMode.IDEMPOTENT
     key_retention: Seconds = 24 * 3600.0
     max_accept_seconds: Seconds = 30.0
@@ -245,6 +331,10 @@ class RouteSpec(_Strict):
     max_result_bytes: Bytes = DEFAULT_MAX_RESULT_BYTES  # a larger result is refused (invalid_output)
     max_json_bytes: Bytes = DEFAULT_MAX_JSON_BYTES  # a larger API answer is unreadable (VendorBadResponse)
     model: str | None = Field(default=None, max_length=200)  # a predictions version or an OpenAI model
+    # Where the vendor calls back when a job ends, with ``{operation_key}`` in it (filled in, URL-encoded,
+    # per call). A predictions route sends it as the prediction's ``webhook`` (events: completed). Replicate
+    # never returns it, so it is not how a lost prediction is found (that is by its version and input).
+    webhook_url: str | None = Field(default=None, max_length=1000)
     breaker: Breaker = Breaker()
     # 5xx answers this vendor gives only when it did NOT take the request: refusals, so a request refused this
     # way may be resent or go to a fallback. None by default: a route lists a status only where its vendor
@@ -265,12 +355,43 @@ class RouteSpec(_Strict):
     def _origin_list(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return _origins(value)
 
+    @field_validator("adapter", mode="before")
+    @classmethod
+    def _adapter_name(cls, value: Any) -> Any:
+        value = value.value if isinstance(value, AdapterKind) else value  # a plain str, however it was given
+        if isinstance(value, str) and not ADAPTER_NAME.match(value):
+            raise ValueError(f"{value[:60]!r} is not an adapter name (letters, digits, '_', '.', '-')")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        return static_headers(value)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s) URL, got {value[:60]!r}")
+        if value.count("{operation_key}") != 1 or re.search(r"\{(?!operation_key\})", value):
+            raise ValueError("must hold {operation_key} once, and no other {placeholder}")
+        return value
+
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"must be an http(s) URL, got {value[:60]!r}")
         return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _auth_header_apart(self) -> RouteSpec:
+        named = getattr(self.auth, "name", None) if self.auth.scheme == "header" else None
+        if named is not None and named.lower() in {h.lower() for h in self.headers}:
+            raise ValueError(f"headers: {named!r} is the auth header (auth.name): it carries the credential")
+        return self
 
 
 class RouteTable(_Strict):
@@ -354,22 +475,39 @@ def parse_table(raw: Any, *, where: str = "routes") -> RouteTable:
     if not isinstance(raw, dict) or not isinstance(raw.get("routes"), dict) or not raw["routes"]:
         raise RouteError(f"{where}: the document must be a mapping with a non-empty `routes:` mapping")
     try:
-        return RouteTable.model_validate(raw)
+        table = RouteTable.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = [str(p) for p in first["loc"]]
-        if loc[:1] == ["routes"] and len(loc) >= 2:
-            place = f"route {loc[1]!r}" + (f": {'.'.join(loc[2:])}" if len(loc) > 2 else "")
-        elif not loc:  # the table as a whole (a fallback naming another route): the message names the route
-            place = ""
-        else:
-            place = ".".join(loc)
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            msg = "is not a known field"
-        elif first["type"] == "missing":
-            msg = "is required"
-        raise RouteError(f"{where}: {place} {msg}" if place else f"{where}: {msg}") from None
+        raise RouteError(_one_line(e, where)) from None
+    from vendors.plugins import check_table  # imports installed plugins: never while this module loads
+
+    try:
+        check_table(table)
+    except RouteError as e:
+        raise RouteError(f"{where}: {e}") from None
+    return table
+
+
+def _one_line(e: ValidationError, where: str) -> str:
+    """The first problem of a route document, as one line naming the route and the field."""
+    first = e.errors()[0]
+    loc = [str(p) for p in first["loc"]]
+    if len(loc) > 3 and loc[0] == "routes" and loc[2] == "auth" and loc[3] in SCHEMES:
+        del loc[3]  # the scheme's tag: the route file has no such level
+    if loc[:1] == ["routes"] and len(loc) >= 2:  # a route's field, or the route as a whole (its message
+        place = f"route {loc[1]!r}:" + (f" {'.'.join(loc[2:])}" if len(loc) > 2 else "")  # names the field)
+    elif not loc:  # the table as a whole (a fallback naming another route): the message names the route
+        place = ""
+    else:
+        place = ".".join(loc)
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "is not a known field"
+    elif first["type"] == "missing":
+        msg = "is required"
+    elif first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        tag = (first.get("ctx") or {}).get("tag")
+        msg = (f"scheme {tag!r} is not one of " if tag else "needs a scheme: one of ") + ", ".join(SCHEMES)
+    return f"{where}: {place} {msg}" if place else f"{where}: {msg}"
 
 
 def load_table(path: Path | None, *, mode: VendorMode = VendorMode.IDEMPOTENT) -> RouteTable:
@@ -405,12 +543,16 @@ def deployment_table(settings: Settings) -> RouteTable:
         for entry in spec.allow_hosts:
             if origin(entry)[0] != "https":
                 raise ConfigError(f"route {name!r}: allow_hosts {entry!r} is not https (only in dev mode)")
+        if isinstance(spec.auth, OAuth2ClientCredentials) and not spec.auth.token_url.startswith("https://"):
+            raise ConfigError(f"route {name!r}: auth.token_url is not https (only in dev mode)")
     return table
 
 
 def with_simulator_cdn(table: RouteTable, vendor_url: str | None) -> RouteTable:
     """Dev mode: the routes on a loopback LEDGERFLOW_VENDOR_URL (the embedded simulator) allow-list its CDN
-    (the simulator's port + ``CDN_PORT_OFFSET``), and only that: every other loopback port stays refused."""
+    (the simulator's port + ``CDN_PORT_OFFSET``), and only that: every other loopback port stays refused.
+    A predictions route's outputs need the token (Replicate's do, and so do the simulator's): its CDN is on
+    ``allow_hosts``; every other route fetches from it without the key (``allow_private``)."""
     if not vendor_url:
         return table
     parts = urlsplit(vendor_url)
@@ -421,12 +563,15 @@ def with_simulator_cdn(table: RouteTable, vendor_url: str | None) -> RouteTable:
     if not loopback or parts.port is None:
         return table
     cdn = f"{parts.scheme}://{parts.hostname}:{parts.port + CDN_PORT_OFFSET}"
-    routes = {
-        name: spec.model_copy(update={"allow_private": (*spec.allow_private, cdn)})
-        if spec.base_url is None and spec.adapter != AdapterKind.LOCAL and cdn not in spec.allow_private
-        else spec
-        for name, spec in table.routes.items()
-    }
+
+    def allowed(spec: RouteSpec) -> RouteSpec:
+        if spec.base_url is not None or spec.adapter == AdapterKind.LOCAL:
+            return spec
+        field = "allow_hosts" if spec.adapter == AdapterKind.PREDICTIONS else "allow_private"
+        have: tuple[str, ...] = getattr(spec, field)
+        return spec if cdn in have else spec.model_copy(update={field: (*have, cdn)})
+
+    routes = {name: allowed(spec) for name, spec in table.routes.items()}
     return table.model_copy(update={"routes": routes})
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import trace
 
 from runtime.telemetry import span
-from vendors.adapter import Capabilities, VendorAdapter, VendorJob
+from vendors.adapter import Capabilities, Sent, VendorAdapter, VendorJob
 from vendors.routes import RouteSpec
 
 
@@ -33,7 +33,7 @@ class TracedAdapter:
 
     @contextmanager
     def _span(self, call: str, job_id: str | None = None) -> Iterator[trace.Span]:
-        adapter = {"ledgerflow.adapter": self.route.adapter.value}
+        adapter = {"ledgerflow.adapter": self.route.adapter}
         with span(f"vendor.{call}", adapter, kind=trace.SpanKind.CLIENT) as s:
             if job_id is not None:
                 s.set_attribute("ledgerflow.job_id", job_id)
@@ -67,9 +67,11 @@ class TracedAdapter:
         with self._span("get", job_id) as s:
             return self._saw(s, await self.inner.get(job_id))
 
-    async def find_by_key(self, operation_key: str, *, since: datetime | None = None) -> list[VendorJob]:
+    async def find_by_key(
+        self, operation_key: str, *, since: datetime | None = None, sent: Sent | None = None
+    ) -> list[VendorJob]:
         with self._span("find_by_key") as s:
-            jobs = await self.inner.find_by_key(operation_key, since=since)
+            jobs = await self.inner.find_by_key(operation_key, since=since, sent=sent)
             s.set_attribute("ledgerflow.jobs_found", len(jobs))
             return jobs
 

@@ -320,8 +320,8 @@ async def audit_billing(
         if route.adapter == AdapterKind.LOCAL:
             continue  # work the worker does itself: no vendor, no bill
         base = route.base_url or settings.vendor_url_or_none() or ""
-        account = (route.adapter.value, base, route.credential_env)
-        accounts.setdefault(account, (f"{route.adapter.value} at {base}", []))[1].append(name)
+        account = (route.adapter, base, route.credential_env)
+        accounts.setdefault(account, (f"{route.adapter} at {base}", []))[1].append(name)
     listed: list[Listed] = []
     listable: dict[str, str] = {}  # route -> the account that listed its charges (Listed.account)
     async with httpx.AsyncClient(timeout=30.0) as http:
@@ -363,7 +363,7 @@ async def list_charges(
         # The listing is the adapter's own (``vendors.traced`` spans only the calls of an operation).
         listing = adapter.inner if isinstance(adapter, TracedAdapter) else adapter
         if not adapter.capabilities.can_list_charges or not isinstance(listing, ChargeListing):
-            return NotListable(f"the {adapter.route.adapter.value} API lists no charges per call")
+            return NotListable(f"the {adapter.route.adapter} API lists no charges per call")
         return await listing.charges(since)
     except (VendorError, ConfigError, RouteError) as e:  # RouteError: no base URL
         return str(e)

@@ -1,5 +1,7 @@
-"""``ledgerflow routes``: every route of the deployment, whether a credentials error paused it, its shared
-breaker (closed / open / half-open, and why), its fallbacks and whether each is qualified to serve."""
+"""``ledgerflow routes``: every route of the deployment, its adapter and where that comes from (the
+distribution providing the entry point: ``ledgerflow 0.1.0 (built in)``, ``acme-vendor 1.2``), whether a
+credentials error paused it, its shared breaker (closed / open / half-open, and why), its fallbacks and
+whether each is qualified to serve."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from ledgerflow import client as lf
 from rules import scopes
 from rules.routing import BreakerState, Candidate, RouteHealth, qualified
 from runtime.settings import Settings
+from vendors import plugins
 from vendors.routes import deployment_table
 
 
@@ -34,7 +37,8 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
         rows.append(
             {
                 "route": name,
-                "adapter": route.adapter.value,
+                "adapter": route.adapter,
+                **_origin(route.adapter),
                 "base_url": route.base_url or "(LEDGERFLOW_VENDOR_URL)",
                 "mode": route.mode.value,
                 "key_retention_s": route.key_retention,
@@ -58,6 +62,18 @@ def route_rows(settings: Settings) -> list[dict[str, Any]]:
     return rows
 
 
+def _origin(adapter: str) -> dict[str, Any]:
+    """Where a route's adapter comes from: the entry point and the distribution that provides it."""
+    entry = plugins.find(adapter)  # the table loaded: installed, and only once
+    return {
+        "adapter_from": entry.origin,
+        "adapter_distribution": entry.distribution or plugins.OWN_DISTRIBUTION,
+        "adapter_version": entry.version,
+        "adapter_built_in": entry.built_in,
+        "adapter_entry_point": entry.value,
+    }
+
+
 def _cap(name: str, cap: Any, months: dict[str, Any], now: datetime) -> dict[str, Any]:
     """A route's monthly cap and this month's account (``route:R:YYYY-MM``: none before its first use)."""
     scope = scopes.route_month(name, now)
@@ -73,7 +89,17 @@ def _cap(name: str, cap: Any, months: dict[str, Any], now: datetime) -> dict[str
 
 def routes_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="routes", title_justify="left")
-    for col in ("route", "adapter", "mode", "base url", "state", "breaker", "fallbacks", "monthly cap"):
+    for col in (
+        "route",
+        "adapter",
+        "from",
+        "mode",
+        "base url",
+        "state",
+        "breaker",
+        "fallbacks",
+        "monthly cap",
+    ):
         table.add_column(col)
     for r in rows:
         state = f"[red]PAUSED[/red] since {r['since']}: {r['reason']}" if r["paused"] else "running"
@@ -89,7 +115,17 @@ def routes_table(rows: list[dict[str, Any]]) -> Table:
             ceiling = r["month_ceiling"] or r["monthly_cap"] or "unlimited"
             used = f"spent {r['month_spent'] or 0} + reserved {r['month_reserved'] or 0}"
             cap = f"{ceiling} this month ({used})"
-        table.add_row(r["route"], r["adapter"], r["mode"], r["base_url"], state, breaker, links or "—", cap)
+        table.add_row(
+            r["route"],
+            r["adapter"],
+            r["adapter_from"],
+            r["mode"],
+            r["base_url"],
+            state,
+            breaker,
+            links or "—",
+            cap,
+        )
     return table
 
 

@@ -257,15 +257,14 @@ async def test_a_credit_is_recorded_against_the_operation_it_refunds_with_its_ev
 
 async def test_a_charge_without_a_key_is_unknown_only_once_its_grace_has_passed(lf_with, sim):
     tag = uuid.uuid4().hex[:8]
-    table = routes(tag, extra={f"video.{tag}": RouteSpec(adapter=AdapterKind.PREDICTIONS)})
-    async with lf_with(routes=table) as lf:
-        ghost = f"pred_ghost_{uuid.uuid4().hex[:10]}"
-        await inject(sim, ghost, protocol="predictions")
+    async with lf_with(routes=routes(tag)) as lf:
+        ghost = f"job_ghost_{uuid.uuid4().hex[:10]}"
+        await inject(sim, ghost)  # another client of the account: a charge under no key of ours
         early = await reconcile(lf, grace_seconds=3600)
         assert not rows(lf, job_id=ghost) and early.pending >= 1
         await reconcile(lf, grace_seconds=0)
     [found] = rows(lf, job_id=ghost)
-    assert (found.kind, found.line_key, found.route) == ("unknown_charge", None, f"video.{tag}")
+    assert (found.kind, found.line_key, found.route) == ("unknown_charge", None, f"image.{tag}")
 
 
 async def test_routes_that_cannot_list_charges_are_named_in_the_reconciliation_s_output(
@@ -273,10 +272,12 @@ async def test_routes_that_cannot_list_charges_are_named_in_the_reconciliation_s
 ):
     tag = uuid.uuid4().hex[:8]
     text = RouteSpec(adapter=AdapterKind.OPENAI, price=Price(per_1k_input_tokens=Decimal("0.001")))
-    async with lf_with(routes=routes(tag, extra={f"text.{tag}": text})) as lf:
+    video = RouteSpec(adapter=AdapterKind.PREDICTIONS, price=Price(per_second=Decimal("0.3")))
+    async with lf_with(routes=routes(tag, extra={f"text.{tag}": text, f"video.{tag}": video})) as lf:
         result = await reconcile(lf, grace_seconds=0)
         assert result.not_listable == {
             f"text.{tag}": "the openai API lists no charges per call",
+            f"video.{tag}": "the predictions API lists no charges per call",  # Replicate's has no billing API
             "model calls": "the chat API lists no charges per call: the review's and the planner's calls "
             "are checked by their request ids against the vendor's invoice",
         }

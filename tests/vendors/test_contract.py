@@ -89,6 +89,7 @@ class AdapterContract:
     PRICE: ClassVar[Price] = Price()
     VENDOR: ClassVar[dict[str, Any]] = {}  # the simulator profile of every call (latency, price)
     SIM: ClassVar[dict[str, Any]] = {}  # simulator-wide settings (what chat and images bill)
+    ROUTE: ClassVar[dict[str, Any]] = {}  # route fields this configuration needs over the contract's
     NOT_APPLICABLE: ClassVar[dict[str, str]] = {}  # scenario → why it cannot happen to this adapter
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -139,7 +140,7 @@ class AdapterContract:
         """
         suffix = uuid.uuid4().hex[:12]
         executor = self.executor(suffix)
-        raw_route = {"adapter": self.ADAPTER, "price": self.PRICE, **ROUTE, **(route or {})}
+        raw_route = {"adapter": self.ADAPTER, "price": self.PRICE, **ROUTE, **self.ROUTE, **(route or {})}
         if state_mode:
             raw_route["mode"] = self.MODE
         spec = RouteSpec.model_validate(raw_route)
@@ -366,8 +367,13 @@ class TestPredictions(AdapterContract):
     ESTIMATE = Decimal("0.10")
     PRICE = Price(per_second=PRICE_PER_SECOND)  # the body reports no cost: priced from predict_time
     VENDOR: ClassVar[dict[str, Any]] = {"latency_seconds": 0.2}  # billed 0.2 s x 0.30 = 0.06
+    # Replicate keeps no key of ours: the webhook URL is the one place the OperationKey reaches it (the
+    # simulator bills and draws each prediction under it; the adapter finds a lost one by what it asked).
+    ROUTE: ClassVar[dict[str, Any]] = {
+        "webhook_url": "https://hooks.ledgerflow.test/r?operation_key={operation_key}"
+    }
     NOT_APPLICABLE: ClassVar[dict[str, str]] = {
-        "key_expiry": "no idempotency key is sent: nothing to expire (a prediction is found by listing)",
+        "key_expiry": "no idempotency key is sent: nothing to expire (a prediction is found by its input)",
     }
 
 
@@ -380,12 +386,20 @@ class TestOpenAIImages(AdapterContract):
     ESTIMATE = Decimal("0.05")
     PRICE = Price(per_call=Decimal("0.04"))
     SIM: ClassVar[dict[str, Any]] = {"image_price": "0.04"}
+    # dall-e-2: its smallest size (256x256) is the nearest a 64x64 request gets (GPT image models: 1024).
+    ROUTE: ClassVar[dict[str, Any]] = {"model": "dall-e-2"}
     NOT_APPLICABLE: ClassVar[dict[str, str]] = {
         "key_expiry": "no idempotency key: the request id only labels the bill",
         "purge": f"{SYNCHRONOUS}, so nothing is left to purge",
         "late_creation": f"{SYNCHRONOUS}: a call that times out is the lost_response cell",
         "late_after_void": f"{SYNCHRONOUS}: nothing is voided after a maybe-sent call (it is unknown)",
     }
+
+    def check_output(self, artifact: Any, data: bytes) -> None:
+        """A PNG of the size the model takes nearest the asked one (dall-e-2: 256x256 for 64x64), probed."""
+        assert data.startswith(b"\x89PNG\r\n\x1a\n")
+        assert artifact.media is not None
+        assert (artifact.media.format, artifact.media.width, artifact.media.height) == ("png", 256, 256)
 
 
 class TestOpenAIChat(AdapterContract):

@@ -480,7 +480,11 @@ async def test_chat_completion_answers_from_the_script_with_deterministic_usage(
 
     assert first["object"] == "chat.completion"
     assert first["choices"] == second["choices"]
-    assert first["choices"][0]["message"] == {"role": "assistant", "content": '{"verdict": "fail"}'}
+    assert first["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": '{"verdict": "fail"}',
+        "refusal": None,
+    }
     prompt_tokens = len(system) // 4 + 1 + len(user) // 4 + 1
     completion_tokens = len('{"verdict": "fail"}') // 4 + 1
     assert first["usage"] == {

@@ -75,7 +75,11 @@ async def test_prediction_seconds_that_are_no_number_keep_the_paid_output_at_the
     settlement was retried without end; -5 seconds priced the job at less than nothing ("no cost")."""
     name = f"video.{uuid.uuid4().hex[:8]}"
     spec = RouteSpec(
-        adapter=AdapterKind.PREDICTIONS, mode=VendorMode.LOOKUP_ONLY, price=Price(per_second=0.3)
+        adapter=AdapterKind.PREDICTIONS,
+        mode=VendorMode.LOOKUP_ONLY,
+        price=Price(per_second=0.3),
+        # The one place Replicate keeps our OperationKey: the simulator bills each prediction under it.
+        webhook_url="https://hooks.ledgerflow.test/r?operation_key={operation_key}",
     )
     async with lf_with(routes=RouteTable(routes={name: spec})) as lf:
         await sim.configure(executors={name: {"latency_seconds": 0.2, "predict_time_override": figure}})

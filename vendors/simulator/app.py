@@ -15,9 +15,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from vendors.simulator.chat import ChatRequest, chat, images
+from vendors.simulator.chat import chat, images
 from vendors.simulator.config import SimConfig
 from vendors.simulator.outputs import Output
 from vendors.simulator.predictions import PredictionRequest, PredictionsApi
@@ -87,52 +88,45 @@ def create_app(state: SimState) -> FastAPI:
         ]
         return {"charges": charges, "next": nxt}
 
+    def base_of(request: Request) -> str:
+        return str(request.base_url).rstrip("/")
+
     @api.post("/v1/predictions")
-    def create_prediction(body: PredictionRequest) -> Response:
-        return _raw_json(predictions.create(body), status_code=201)
+    def create_prediction(body: PredictionRequest, request: Request) -> Response:
+        return _raw_json(predictions.create(body, base_of(request)), status_code=201)
 
     @api.get("/v1/predictions")
-    def list_predictions(cursor: str | None = Query(default=None)) -> Response:
-        return _raw_json(predictions.list(cursor))
-
-    @api.get("/v1/usage")
-    def prediction_usage(
-        since: datetime | None = None,
-        cursor: str | None = None,
-        limit: int = Query(default=100, ge=1, le=1000),
-    ) -> dict[str, Any]:
-        """The account's billed predictions (what each cost, its metadata), oldest first, a page at a time."""
-        rows, nxt = state.listing("predictions", since, cursor, limit)
-        results = [
-            {
-                "prediction_id": c["job_id"],
-                "metadata": _metadata(state, c["job_id"]),
-                "amount": c["amount"],
-                "created_at": _iso(c["at"]),
-            }
-            for c in rows
-        ]
-        return {"results": results, "next": nxt}
+    def list_predictions(
+        request: Request,
+        cursor: str | None = Query(default=None),
+        created_after: datetime | None = Query(default=None),
+        created_before: datetime | None = Query(default=None),
+    ) -> Response:
+        return _raw_json(predictions.list(base_of(request), cursor, created_after, created_before))
 
     @api.get("/v1/predictions/{prediction_id}")
-    def get_prediction(prediction_id: str) -> Response:
-        return _raw_json(predictions.get(prediction_id))
+    def get_prediction(prediction_id: str, request: Request) -> Response:
+        return _raw_json(predictions.get(prediction_id, base_of(request)))
 
     @api.post("/v1/predictions/{prediction_id}/cancel")
-    def cancel_prediction(prediction_id: str) -> Response:
-        return _raw_json(predictions.cancel(prediction_id))
+    def cancel_prediction(prediction_id: str, request: Request) -> Response:
+        return _raw_json(predictions.cancel(prediction_id, base_of(request)))
 
+    # OpenAI's dialect (vendors/simulator/chat.py): the raw body is checked there, as the API checks it, so
+    # that a malformed request is OpenAI's 400 (not FastAPI's 422); the work runs on the thread pool.
     @api.post("/v1/chat/completions")
-    def chat_completion(
-        body: ChatRequest, x_client_request_id: str | None = Header(default=None)
+    async def chat_completion(
+        request: Request, x_client_request_id: str | None = Header(default=None)
     ) -> Response:
-        return _raw_json(chat(state, body, x_client_request_id))
+        raw = await request.body()
+        return _raw_json(await run_in_threadpool(chat, state, raw, x_client_request_id))
 
     @api.post("/v1/images/generations")
-    def image_generation(
-        body: dict[str, Any], x_client_request_id: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        return images(state, body, x_client_request_id)
+    async def image_generation(
+        request: Request, x_client_request_id: str | None = Header(default=None)
+    ) -> Response:
+        raw = await request.body()
+        return _raw_json(await run_in_threadpool(images, state, raw, x_client_request_id))
 
     # Inspection and control hooks: unauthenticated, they are the test harness's view, not the vendor's API.
     @app.get("/healthz")
@@ -211,12 +205,6 @@ def _iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat()
 
 
-def _metadata(state: SimState, prediction_id: str) -> dict[str, str]:
-    with state.lock:
-        job = state.predictions.get(prediction_id)
-        return dict(job.extra.get("metadata") or {}) if job is not None else {}
-
-
 def create_cdn_app(state: SimState) -> FastAPI:
     """Result files on another origin, unauthenticated; a request carrying a credential is a leak."""
     app = FastAPI(title="ledgerflow simulator CDN")
@@ -233,7 +221,9 @@ def create_cdn_app(state: SimState) -> FastAPI:
     def prediction_file(
         prediction_id: str, name: str, authorization: str | None = Header(default=None)
     ) -> Response:
-        out = PredictionsApi(state).file(prediction_id, authorization)
+        # Replicate's output files need the API token ("You'll need to pass the Authorization header").
+        state.authenticate(authorization)
+        out = PredictionsApi(state).file(prediction_id)
         return Response(out.data, media_type=out.content_type)
 
     return app

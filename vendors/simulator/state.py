@@ -156,12 +156,12 @@ def reported_cost(profile: ExecutorProfile, estimate: Decimal) -> str:
 
 
 def deliverable(
-    executor: str, request: dict[str, Any], input_urls: dict[str, str], draw: Draw
+    executor: str, request: dict[str, Any], inputs: list[tuple[str, str | None]], draw: Draw
 ) -> tuple[Output | None, str | None]:
     """What an accepted request will deliver, whatever the protocol: its inputs fetched and checked the way a
     vendor does (the problem, if one is not there), then the file rendered as the draw says (None: the job
     fails or hangs, nothing is rendered)."""
-    for sha, url in input_urls.items():
+    for url, sha in inputs:  # (URL, its sha256 where the protocol sends one)
         if (problem := fetch_input(url, sha)) is not None:
             return None, problem
     if draw.failure or draw.hang:
@@ -176,19 +176,21 @@ def deliverable(
     return output, None
 
 
-def fetch_input(url: str, sha256: str, timeout: float = 10.0) -> str | None:
-    """Fetch one input the way a vendor does (http(s) or a file on this machine); the problem, or None."""
+def fetch_input(url: str, sha256: str | None, timeout: float = 10.0) -> str | None:
+    """Fetch one input the way a vendor does (http(s) or a file on this machine); the problem, or None.
+    ``sha256``: the hash the request gave it (None: the protocol sends none, as Replicate's; only fetched)."""
+    name = f"{sha256[:12]}…" if sha256 else url.split("?", 1)[0][-60:]
     try:
         if url.startswith("file://"):
             data = Path(unquote(urlparse(url).path)).read_bytes()
         else:
             response = httpx.get(url, timeout=timeout)
             if not response.is_success:
-                return f"input {sha256[:12]}… could not be fetched: HTTP {response.status_code}"
+                return f"input {name} could not be fetched: HTTP {response.status_code}"
             data = response.content
     except (OSError, httpx.HTTPError) as e:
-        return f"input {sha256[:12]}… could not be fetched: {type(e).__name__}"
-    if hashlib.sha256(data).hexdigest() != sha256:
+        return f"input {name} could not be fetched: {type(e).__name__}"
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         return f"input {sha256[:12]}… does not match its sha256"
     return None
 
@@ -387,7 +389,8 @@ class SimState:
     def _create(
         self, key: str, req: JobRequest, attempt: int, profile: ExecutorProfile, draw: Draw
     ) -> tuple[int, dict[str, Any]]:
-        output, input_error = deliverable(req.executor, req.input, req.input_urls, draw)
+        fetches: list[tuple[str, str | None]] = [(url, sha) for sha, url in req.input_urls.items()]
+        output, input_error = deliverable(req.executor, req.input, fetches, draw)
         with self.lock:
             cfg, now = self.config, time.monotonic()
             replay = self._replay(key, req, now)
