@@ -5,8 +5,9 @@ retries (Temporal's retry policy does), never decides what a failure means for t
 lifecycle does, ``activities/operation.py``) and never sees the ledger. What an adapter can do after a crash
 is declared by :class:`Capabilities`, which reconciliation (``reconcile/operations.py``) reads.
 
-Kinds: ``jobs`` (submit / poll with an Idempotency-Key), ``predictions`` (Replicate-style, no key, found again
-by listing), ``openai`` (synchronous chat and image generation), ``local`` (work the worker does itself).
+Kinds: ``jobs`` (submit / poll with an Idempotency-Key), ``predictions`` (Replicate's API: no key, found again
+by what it asked), ``openai`` (synchronous chat and image generation), ``queue`` (a queue-style API: submit,
+status, result; nothing to find a lost submit by), ``local`` (work the worker does itself).
 
 The protocol is a public, versioned interface: adapters are plugins found by name through the entry point
 group ``ledgerflow.adapters`` (``vendors.plugins``). :data:`ADAPTER_PROTOCOL_VERSION` is its major version; a

@@ -52,6 +52,7 @@ BUILTIN: Final = {
     "predictions": "vendors.predictions:PredictionsAdapter",
     "openai": "vendors.openai:OpenAIAdapter",
     "local": "vendors.local:LocalAdapter",
+    "queue": "vendors.queue:QueueAdapter",
 }
 # What every adapter the registry builds must have (vendors.adapter.VendorAdapter).
 PROTOCOL: Final = ("route", "capabilities", "submit", "get", "find_by_key", "cancel", "download", "charged")

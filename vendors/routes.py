@@ -5,7 +5,7 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
     routes:
       video.motion:
         adapter: predictions          # a name in the entry point group ``ledgerflow.adapters``: the built-in
-                                      # jobs | predictions | openai | local, or an installed plugin's
+                                      # jobs | predictions | openai | queue | local, or a plugin's
         base_url: https://api.example.com
         credential_env: MOTION_API_KEY  # the NAME of the variable holding the key, never the key
         auth: {scheme: bearer}        # how the key is sent (vendors/auth.py): bearer (the default) | header |
@@ -170,9 +170,10 @@ class AdapterKind(StrEnum):
     compare equal to it)."""
 
     JOBS = "jobs"  # submit / poll with an Idempotency-Key (vendors/jobs.py)
-    PREDICTIONS = "predictions"  # Replicate-style predictions, no idempotency key (vendors/predictions.py)
+    PREDICTIONS = "predictions"  # Replicate's predictions API, no idempotency key (vendors/predictions.py)
     OPENAI = "openai"  # OpenAI-compatible chat and image generation, synchronous (vendors/openai.py)
     LOCAL = "local"  # work that costs no vendor money, run by the worker itself (vendors/local.py)
+    QUEUE = "queue"  # a queue-style API (fal's): submit, status, result, cancel; no key (vendors/queue.py)
 
 
 class VendorMode(StrEnum):

@@ -36,6 +36,8 @@ from vendors.routes import AdapterKind, Price, RouteSpec, RouteTable, VendorMode
 from vendors.simulator import Draw, ExecutorProfile
 from vendors.simulator.config import DEFAULT_CHAT
 from vendors.simulator.predictions import PRICE_PER_SECOND
+from vendors.simulator.queue import APP as QUEUE_APP
+from vendors.simulator.queue import PRICE_PER_SECOND as QUEUE_PRICE_PER_SECOND
 
 SIM_KEY = "sk-test-4f1c9e"
 MODULE = "tests/vendors/test_contract.py"
@@ -505,3 +507,27 @@ async def test_an_operation_closed_meanwhile_is_never_sent_after(env: Env) -> No
     assert (resolved.type, resolved.payload["kind"]) == ("SystemMarker", "void")
     assert await kit.charges() == []
     await kit.check(resolved)
+
+
+# ── the queue adapter (vendors/queue.py, fal.ai's Queue API) ──────────────────────────────────────────────
+class TestQueue(AdapterContract):
+    LABEL = "queue · none"
+    ADAPTER = AdapterKind.QUEUE
+    # No idempotency key, no client id, no listing: whatever the route states, reconciliation works in none.
+    MODE = VendorMode.NONE
+    EXECUTOR = "image.queue"
+    PROFILE = QUEUE_APP  # the simulator's queue serves one app: every call draws from its profile
+    ESTIMATE = Decimal("0.10")
+    PRICE = Price(per_second=QUEUE_PRICE_PER_SECOND)  # where a result states no cost: metrics.inference_time
+    VENDOR: ClassVar[dict[str, Any]] = {"latency_seconds": 0.2}  # billed 0.2 s x 0.30 = 0.06, stated as cost
+    # The queue keeps no key of ours: the webhook URL (fal_webhook) is the one place the OperationKey reaches
+    # it (the simulator bills and draws each request under it; the API never returns it).
+    ROUTE: ClassVar[dict[str, Any]] = {
+        "webhook_url": "https://hooks.ledgerflow.test/q?operation_key={operation_key}"
+    }
+    NOT_APPLICABLE: ClassVar[dict[str, str]] = {
+        "key_expiry": "no idempotency key or client request id is sent: nothing to expire",
+    }
+
+
+CONFIGS.append(TestQueue)

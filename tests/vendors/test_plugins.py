@@ -181,7 +181,7 @@ def test_an_unknown_adapter_is_one_line_naming_the_route_the_name_and_the_instal
     assert "\n" not in line
     assert line == (
         f"route file {path}: route 'video.motion': adapter 'acme-video' is not an installed adapter "
-        "(installed: acme, acme-broken, acme-fn, acme-future, jobs, local, openai, predictions)"
+        "(installed: acme, acme-broken, acme-fn, acme-future, jobs, local, openai, predictions, queue)"
     )
 
 

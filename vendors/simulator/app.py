@@ -22,6 +22,7 @@ from vendors.simulator.chat import chat, images
 from vendors.simulator.config import SimConfig
 from vendors.simulator.outputs import Output
 from vendors.simulator.predictions import PredictionRequest, PredictionsApi
+from vendors.simulator.queue import QueueApi
 from vendors.simulator.state import JobRequest, SimError, SimState
 
 DRIP_BYTES = 16  # what a dripping download sends at a time
@@ -32,6 +33,7 @@ def create_app(state: SimState) -> FastAPI:
     app = FastAPI(title="ledgerflow vendor simulator")
     app.state.sim = state
     predictions = PredictionsApi(state)
+    queue = QueueApi.of(state)
 
     @app.exception_handler(SimError)
     def sim_error(_request: Request, exc: SimError) -> JSONResponse:
@@ -127,6 +129,31 @@ def create_app(state: SimState) -> FastAPI:
     ) -> Response:
         raw = await request.body()
         return _raw_json(await run_in_threadpool(images, state, raw, x_client_request_id))
+
+    # The queue dialect (vendors/simulator/queue.py, fal.ai's Queue API): the body is the model's input.
+    @api.post("/queue/submit")
+    async def queue_submit(request: Request, fal_webhook: str | None = Query(default=None)) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise SimError(422, "invalid_input", "the body must be a JSON object", detail="invalid input")
+        answer = await run_in_threadpool(queue.submit, body, fal_webhook, base_of(request))
+        return _raw_json(answer, status_code=202)
+
+    @api.get("/queue/requests/{request_id}/status")
+    def queue_status(request_id: str, request: Request) -> Response:
+        return _raw_json(queue.status(request_id, base_of(request)))
+
+    @api.get("/queue/requests/{request_id}")
+    def queue_result(request_id: str) -> Response:
+        return _raw_json(queue.result(request_id))
+
+    @api.put("/queue/requests/{request_id}/cancel")
+    def queue_cancel(request_id: str) -> Response:
+        status, body = queue.cancel(request_id)
+        return _raw_json(body, status_code=status)
 
     # Inspection and control hooks: unauthenticated, they are the test harness's view, not the vendor's API.
     @app.get("/healthz")
@@ -224,6 +251,11 @@ def create_cdn_app(state: SimState) -> FastAPI:
         # Replicate's output files need the API token ("You'll need to pass the Authorization header").
         state.authenticate(authorization)
         out = PredictionsApi(state).file(prediction_id)
+        return Response(out.data, media_type=out.content_type)
+
+    @app.get("/queue-files/{request_id}/{name}")
+    def queue_file(request_id: str, name: str, authorization: str | None = Header(default=None)) -> Response:
+        out = QueueApi.of(state).file(request_id, authorization)
         return Response(out.data, media_type=out.content_type)
 
     return app
