@@ -61,7 +61,7 @@ from vendors.errors import (
     VendorRequestTimeout,
     VendorUnavailable,
 )
-from vendors.routes import Origin, RouteError, RouteSpec, default_port, origin
+from vendors.routes import Origin, RouteError, RouteSpec, covers, default_port, origin
 
 if TYPE_CHECKING:
     from vendors.plugins import AdapterContext
@@ -109,7 +109,9 @@ class HttpVendor:
         self._client = client if client is not None else httpx.AsyncClient(timeout=self._timeout)
         self._own = url_origin(self._base)
         self._keyed = {origin(entry) for entry in route.allow_hosts}
-        self._private_ok = {self._own, *self._keyed, *(origin(entry) for entry in route.allow_private)}
+        # A wildcard (*.example.com) receives the key on https, but never makes a private address acceptable.
+        exact = {o for o in self._keyed if not o[1].startswith("*.")}
+        self._private_ok = {self._own, *exact, *(origin(entry) for entry in route.allow_private)}
         self._headers = dict(route.headers)
         try:
             self._auth: RequestAuth = build_auth(
@@ -263,7 +265,7 @@ class HttpVendor:
         if url.scheme not in ("http", "https") or not url.host:
             raise UnsafeResultUrl(f"result URL {scrub(raw[:80])!r} is not an http(s) URL")
         where = url_origin(url)
-        return url, where, where == self._own or where in self._keyed
+        return url, where, where == self._own or any(covers(entry, where) for entry in self._keyed)
 
     async def check_address(self, url: httpx.URL) -> None:
         """UnsafeResultUrl if ``url`` resolves to a loopback, private, link-local or metadata address and its

@@ -24,8 +24,9 @@ in ``tests/vendors/schemas/``):
   (``can_list_charges`` is false); the bill is the route's price of ``metrics.predict_time`` (plus
   ``per_call``), which is what Replicate bills for public models.
 * **Outputs need the key.** "You'll need to pass the Authorization header to request them" — they are
-  served by ``replicate.delivery``: list that host in the route's ``allow_hosts`` (the key goes to the route's
-  own origin and those hosts only). Outputs are removed after an hour by default (``data_removed``): a
+  served by ``replicate.delivery`` and its subdomains: list ``replicate.delivery`` and
+  ``*.replicate.delivery`` in the route's ``allow_hosts`` (the key goes to the route's own origin and those
+  hosts only, over https). Outputs are removed after an hour by default (``data_removed``): a
   prediction whose output is gone is a purge (the download fails that output).
 * Statuses: ``starting``, ``processing``, ``succeeded``, ``failed``, ``canceled``, and ``aborted`` (ended
   before it started running: nothing ran).

@@ -18,7 +18,8 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
         concurrency: 8                # jobs in flight at once, across every task and worker
         monthly_cap: 500              # spend per calendar month (UTC) on this route, across every task
         timeouts: {request: 10s}
-        allow_hosts: [cdn.example.com]  # origins besides base_url's that receive the key (https://host:443)
+        allow_hosts: [cdn.example.com]  # origins besides base_url's that receive the key (https://host:443;
+                                        # "*.cdn.example.com": its subdomains, https only)
         allow_private: []             # origins on private/loopback addresses result URLs may name (no key)
         max_result_bytes: 2GiB        # a result larger than this is refused (invalid_output, at its cost)
         max_json_bytes: 16MiB         # an API answer larger than this is unreadable
@@ -69,6 +70,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -139,8 +141,13 @@ def default_port(scheme: str) -> int:
 
 def origin(entry: str) -> Origin:
     """An ``allow_hosts`` / ``allow_private`` entry as an origin: ``https://host[:port]``, ``http://host:port``,
-    or a bare host name (https on its default port). ValueError for anything else (a path, a user name …)."""
+    or a bare host name (https on its default port). ValueError for anything else (a path, a user name …).
+
+    ``*.example.com`` (``allow_hosts`` only: ``wildcard``) stands for every subdomain of ``example.com`` —
+    not the domain itself — over https only; its host is kept as ``*.example.com``."""
     raw = entry.strip()
+    if raw.removeprefix("https://").startswith("*."):
+        return wildcard(entry)
     if "://" not in raw:
         raw = f"https://{raw}"
     try:
@@ -150,9 +157,34 @@ def origin(entry: str) -> Origin:
         raise ValueError(f"{entry[:80]!r} is not a host or an origin ({e})") from None
     if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
         raise ValueError(f"{entry[:80]!r} is not an http(s) origin")
+    if "*" in parts.hostname:
+        raise ValueError(f"{entry[:80]!r}: a wildcard is *.domain.tld (subdomains of one domain, https only)")
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username is not None:
         raise ValueError(f"{entry[:80]!r} must be an origin only (scheme, host, port): no path or user")
     return parts.scheme, parts.hostname.lower(), port or default_port(parts.scheme)
+
+
+def wildcard(entry: str) -> Origin:
+    """A ``*.example.com`` entry (optionally ``https://`` and a port): every subdomain of a domain of two
+    labels or more, over https. ValueError for a bare ``*``, a top-level domain, http, a ``*`` elsewhere."""
+    raw = entry.strip().removeprefix("https://")
+    host, _, port_text = raw.partition(":")
+    suffix = host.removeprefix("*.")
+    if "*" in suffix or suffix.count(".") < 1 or not re.fullmatch(r"[a-z0-9.-]+", suffix.lower()):
+        raise ValueError(f"{entry[:80]!r}: a wildcard is *.domain.tld (subdomains of one domain, https only)")
+    if port_text and not port_text.isdigit():
+        raise ValueError(f"{entry[:80]!r}: the port is not a number")
+    return "https", f"*.{suffix.lower()}", int(port_text) if port_text else default_port("https")
+
+
+def covers(entry: Origin, where: Origin) -> bool:
+    """Whether an ``allow_hosts`` origin (a wildcard's too) covers the origin ``where``."""
+    scheme, host, port = entry
+    if host.startswith("*."):
+        return (
+            where[0] == scheme and where[2] == port and where[1].endswith(host[1:]) and where[1] != host[2:]
+        )
+    return entry == where
 
 
 def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -353,7 +385,9 @@ class RouteSpec(_Strict):
 
     @field_validator("allow_hosts", "allow_private")
     @classmethod
-    def _origin_list(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _origin_list(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if info.field_name == "allow_private" and any("*" in entry for entry in value):
+            raise ValueError("a wildcard is for allow_hosts only (a private address is named exactly)")
         return _origins(value)
 
     @field_validator("adapter", mode="before")

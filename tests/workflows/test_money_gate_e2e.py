@@ -118,7 +118,9 @@ async def test_a_review_whose_model_reports_negative_tokens_settles_at_its_estim
 
 # ── §5: breakers judge vendors, not plans ────────────────────────────────────────────────────────────────
 def priced_routes(primary: str, backup: str) -> RouteTable:
-    breaker = Breaker(window=60.0, min_calls=2, error_rate=0.5, open_for=600.0)
+    # A window longer than the test: on a loaded machine the two tasks' calls may be more than a minute apart,
+    # and the breaker must judge them together (what is tested is "once per task", not the window).
+    breaker = Breaker(window=600.0, min_calls=2, error_rate=0.5, open_for=600.0)
     return RouteTable(
         routes={
             primary: RouteSpec(price=Price(per_call=PRICE), breaker=breaker, fallbacks=(backup,)),
