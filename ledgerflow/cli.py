@@ -8,15 +8,18 @@ stderr and exit code 2 — never a traceback. Every command honours ``LEDGERFLOW
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import faulthandler
 import functools
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -1209,7 +1212,33 @@ def main() -> None:
     # A crash in native code (a segmentation fault, an abort) prints every thread's Python stack to stderr
     # before the process dies, instead of nothing.
     faulthandler.enable()
-    app()
+    try:
+        app()  # typer ends every command with SystemExit and its exit code
+    except SystemExit as e:
+        leave(e.code)
+    leave(0)
+
+
+def leave(code: object) -> NoReturn:
+    """End the process once the command has done all its work, without interpreter finalization.
+
+    The Temporal client's Rust runtime keeps threads that may call into Python while the interpreter
+    finalizes; then CPython aborts ("Fatal Python error: PyGILState_Release: thread state … must be current
+    when releasing", SIGABRT, exit -6) after a command that succeeded — temporalio/sdk-python#300, seen here
+    in 2 of 3 test-suite runs. So: run the atexit handlers, flush both streams, and ``os._exit``.
+    """
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): the message on stderr, status 1 (what the interpreter would do)
+        print(code, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
