@@ -17,11 +17,11 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from anyio import to_thread
 from fastapi import FastAPI, Request
@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from artifacts import ArtifactError, ArtifactMissing, ArtifactStore, open_store
 from ledger.errors import LedgerError, LedgerUnavailable
+from ledger.recorder import Recorder
 from ledgerflow.client import ClientError, recorder
 from ledgerflow.review import views
 from ledgerflow.review.auth import (
@@ -393,6 +394,9 @@ def create_app(
     return app
 
 
+T = TypeVar("T")
+
+
 class LedgerLogouts:
     """The reviewer page's logouts, in the ledger (``review_logouts``): one connection per call, as the page's
     views read the ledger."""
@@ -401,16 +405,15 @@ class LedgerLogouts:
         self._settings = settings
 
     def log_out_session(self, session_id: str, until: datetime) -> None:
-        rec = recorder(self._settings)
-        try:
-            rec.log_out_session(session_id, until)
-        finally:
-            rec.dispose()
+        self._with(lambda rec: rec.log_out_session(session_id, until))
 
     def session_logged_out(self, session_id: str) -> bool:
+        return self._with(lambda rec: rec.session_logged_out(session_id))
+
+    def _with(self, call: Callable[[Recorder], T]) -> T:
         rec = recorder(self._settings)
         try:
-            return rec.session_logged_out(session_id)
+            return call(rec)
         finally:
             rec.dispose()
 

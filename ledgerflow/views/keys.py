@@ -181,7 +181,11 @@ def root_generate(key_id: str, out: Path) -> ApproverKey:
 
 def entry(settings: Settings, key_id: str, out: Path) -> KeyRecord:
     """Write ``key_id``'s registry entry (what it lets the key do) to ``out``, for the root's custodian."""
-    found = {k.key_id: k for k in listing(settings)}.get(key_id)
+    rec = recorder(settings)
+    try:
+        found = rec.key_registry().get(key_id)
+    finally:
+        rec.dispose()
     if found is None:
         raise ClientError(f"no key {key_id!r} in the registry")
     _write_new(out, {ENTRY_FORMAT: 1, **found.entry()})
@@ -228,20 +232,20 @@ def add_endorsement(settings: Settings, file: Path, *, actor: str, reason: str) 
     roots = settings.root_keys()
     if roots and root not in roots:
         raise ClientError(f"{file}: root {root[:16]}… is not one of LEDGERFLOW_KEY_ROOTS")
-    found = {k.key_id: k for k in listing(settings)}.get(endorsed.key_id)
-    if found is None:
-        raise ClientError(f"no key {endorsed.key_id!r} in the registry")
-    registered = found.entry()
-    differs = [name for name, value in endorsed.entry().items() if registered[name] != value]
-    if differs:
-        raise ClientError(
-            f"the endorsement is for another entry than key {found.key_id}'s ({', '.join(differs)} differ):"
-            " endorse the entry `ledgerflow keys entry` writes"
-        )
-    if not reason.strip():
-        raise ClientError("--reason is required: it is the registry's audit trail")
-    rec = recorder(settings)
+    rec = recorder(settings)  # one connection: the registry's entry is read, compared, then endorsed
     try:
+        found = rec.key_registry().get(endorsed.key_id)
+        if found is None:
+            raise ClientError(f"no key {endorsed.key_id!r} in the registry")
+        registered = found.entry()
+        differs = [name for name, value in endorsed.entry().items() if registered[name] != value]
+        if differs:
+            raise ClientError(
+                f"the endorsement is for another entry than key {found.key_id}'s"
+                f" ({', '.join(differs)} differ): endorse the entry `ledgerflow keys entry` writes"
+            )
+        if not reason.strip():
+            raise ClientError("--reason is required: it is the registry's audit trail")
         rec.endorse_key(found.key_id, root, signature, actor=actor, reason=reason)
     except LedgerError as e:
         raise ClientError(str(e)) from None

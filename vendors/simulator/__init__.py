@@ -52,8 +52,12 @@ def _bind(host: str, port: int) -> socket.socket:
     # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose proto says TCP, and
     # proto 0 costs every request a 40 ms Nagle / delayed-ACK stall.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()  # a port taken: this socket is never used (left open, it leaked until collected)
+        raise
     return sock
 
 
