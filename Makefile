@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench bench-2k bench-10k soak drill up down clean
+.PHONY: install demo test example lint bench bench-2k bench-10k soak drill up down clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,16 @@ test: $(STAMP)
 	$(BIN)/python -c "import json; d = json.load(open('$(VENV)/pip-audit.json'))['dependencies']; n = sum('skip_reason' in x for x in d); n and print(f'pip-audit: {n} of {len(d)} packages unknown to the index, not audited ($(VENV)/pip-audit.json)')"; \
 	else echo "pip-audit: package index unreachable, skipped"; fi
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory example
+
+# The vendor plugin example (examples/vendor_package): installed from its own directory, as a user installs a
+# plugin, but into a directory of its own (never into the venv, whose installed adapters the suite lists), and
+# its contract tests run by the shipped kit in its own pytest session (its own embedded PostgreSQL).
+example: $(STAMP)
+	rm -rf $(VENV)/example-site
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/example-site examples/vendor_package
+	cd examples/vendor_package && PYTHONPATH=$(CURDIR)/$(VENV)/example-site \
+		$(CURDIR)/$(BIN)/python -m pytest -p no:cacheprovider
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.decide

@@ -62,6 +62,11 @@ def crash_at(point: str, op: str = "") -> None:
     _CRASH.update(point=point, op=op)
 
 
+def disarm() -> None:
+    """Disarm a crash ``crash_at`` armed that has not fired (a test's leftover would hit another's)."""
+    _CRASH.clear()
+
+
 def _maybe_crash(point: str, detail: str) -> None:
     if _CRASH and _CRASH["point"] == point and _CRASH["op"] in detail:
         _CRASH.clear()

@@ -4,39 +4,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
 
+from ledger.recorder import Recorder
+from ledgerflow.testing.simulator import SimulatorAdmin
 from vendors.jobs import JobsAdapter
 from vendors.routes import RouteSpec, Timeouts
-from vendors.simulator import SimConfig
 
 API_KEY = "sk-test-4f1c9e"
 
 
-@dataclass
-class SimAdmin:
-    """The test's handle on the simulator: configure it and read what it charged."""
-
-    url: str
-    client: httpx.AsyncClient  # sends the bearer key, so it can also call the vendor API raw
-
-    async def configure(self, **fields: Any) -> SimConfig:
-        config = SimConfig.model_validate(fields)
-        response = await self.client.put("/admin/config", json=config.model_dump(mode="json"))
-        response.raise_for_status()
-        return config
-
-    async def reset(self) -> None:
-        (await self.client.post("/admin/reset")).raise_for_status()
-
-    async def charges(self) -> dict[str, Any]:
-        response = await self.client.get("/charges")
-        response.raise_for_status()
-        return response.json()
+SimAdmin = SimulatorAdmin  # the kit's handle on the simulator (ledgerflow.testing.simulator)
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +33,18 @@ async def sim(simulator_url: str, http_client: httpx.AsyncClient) -> SimAdmin:
     await admin.reset()
     await admin.configure()
     return admin
+
+
+@pytest.fixture
+def ledgerflow_simulator(sim: SimAdmin) -> SimAdmin:
+    """The kit's simulator is the session's (reset per test), not a second one."""
+    return sim
+
+
+@pytest.fixture
+def contract_ledger(recorder: Recorder) -> Recorder:
+    """The kit's ledger is the session's Postgres."""
+    return recorder
 
 
 @pytest.fixture

@@ -4,14 +4,11 @@ Waiting for a request is ``peoplekit.wait_open``."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-import uvicorn
 from fastapi import FastAPI
+
+from ledgerflow.testing import serving
 
 TOKENS = {"director": "director-review-token-1", "producer": "producer-review-token-1"}
 
@@ -34,23 +31,6 @@ stages:
 """
 
 
-@contextmanager
-def served(app: FastAPI) -> Iterator[str]:
+def served(app: FastAPI) -> AbstractContextManager[str]:
     """``app`` on a real uvicorn in a background thread; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the reviewer app did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    return serving.served(app)

@@ -499,9 +499,13 @@ def _refuse_by_draw(state: SimState, key: str | None, executor: str) -> Draw | N
 
 
 def _drop_if_drawn(draw: Draw | None) -> None:
-    """A synchronous vendor's worst habit: the call ran and was billed, but its answer never arrives."""
+    """A synchronous vendor's worst habits: the call ran and was billed, but its answer never arrives, or a
+    gateway in front of it answers a 5xx (its upstream timed out after the model had answered)."""
     if draw is not None and draw.dropped:
         raise SimError(502, "bad_gateway", "upstream connection reset")
+    if draw is not None and draw.gateway_error:
+        status = draw.gateway_error_status
+        raise SimError(status, "gateway_error", f"upstream timed out ({status})")
 
 
 def chat(state: SimState, raw: bytes, request_id: str | None) -> dict[str, Any]:

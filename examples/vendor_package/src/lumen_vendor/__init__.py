@@ -1,0 +1,1 @@
+"""lumen-vendor: a ledgerflow adapter for Lumen Render, an invented image vendor (the plugin example)."""
