@@ -21,6 +21,7 @@ from temporalio.runtime import Runtime
 from temporalio.worker import Interceptor, Worker
 
 from activities.billing import BillingActivities
+from activities.callbacks import CallbackWaker
 from activities.ledger import LedgerActivities
 from activities.llm import ChatClient, LlmActivities
 from activities.people import PeopleActivities
@@ -86,6 +87,12 @@ async def build_worker(
         price_cache_s=settings.price_cache_seconds,
     )
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
+    waker = None
+    if any(spec.callback is not None for spec in table.routes.values()):
+        # Routes whose vendor calls back: one LISTEN connection wakes their waiting attempts.
+        waker = CallbackWaker(settings.resolved_database_url())
+        await waker.start()
+        stack.push_async_callback(waker.close)
     stages = StageActivities(
         recorder,
         adapters,
@@ -95,6 +102,7 @@ async def build_worker(
         pause_retry_s=settings.route_pause_retry_seconds,
         max_poll_interval=settings.max_poll_interval_seconds,
         human_capacity=settings.human_capacity,
+        waker=waker,
     )
     review = ReviewActivities(recorder, store, chat, adapters=adapters, store_for=store_for)
     llm = LlmActivities(recorder, chat)

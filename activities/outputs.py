@@ -32,7 +32,7 @@ from rules.events import ArtifactRef, FailureKind, Media, Outcome
 from rules.money import vendor_amount
 from rules.projection import fold
 from runtime.faults import mark
-from vendors.adapter import JobStatus, VendorAdapter, VendorJob, job_amount, price_bound
+from vendors.adapter import JobStatus, MediaInfo, VendorAdapter, VendorJob, job_amount, price_bound
 from vendors.errors import ResultTooLarge, ResultUnavailable, UnsafeResultUrl, VendorError, VendorNotFound
 
 MEDIA_FORMATS = frozenset({"png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "webm", "wav", "mp3", "m4a"})
@@ -140,6 +140,9 @@ class Outputs:
         """Stream the output into the store (hashed as it arrives), probe it if it is media, publish it."""
         expected = job.result.sha256 if job.result is not None else None
         claimed = job.result.media if job.result is not None else None
+        if adapter.route.rights and (claimed is None or not claimed.rights):
+            # The route's declared terms stand in for rights metadata its vendor's answers never carry.
+            claimed = (claimed or MediaInfo()).model_copy(update={"rights": dict(adapter.route.rights)})
         if expected is not None and (kept := await self._already_stored(inp, expected, claimed)) is not None:
             # Stored before a crash (the bytes the vendor promised, verified): never fetched again, so an
             # output the vendor purged meanwhile is not lost, and nothing is paid for twice.

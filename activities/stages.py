@@ -15,6 +15,7 @@ shared breaker. Ending an operation from outside its run (``operation.close``, `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -22,6 +23,7 @@ from decimal import Decimal
 from temporalio import activity
 
 from activities.boundary import NotYetProvable, cross
+from activities.callbacks import CallbackWaker
 from activities.closing import ClosingActivities
 from activities.contracts import Activity, StageInput
 from activities.operation import Heartbeat, Operation, heartbeating, routed
@@ -75,9 +77,12 @@ class StageActivities(ClosingActivities):
         pause_retry_s: float = 30.0,
         max_poll_interval: float = 5.0,
         human_capacity: int = 0,
+        waker: CallbackWaker | None = None,
     ):
         super().__init__(recorder, adapters, store, store_for=store_for, pause_retry_s=pause_retry_s)
         self.poll_interval = poll_interval
+        # Wakes the attempts of routes whose vendor calls back (None: every route is polled).
+        self.waker = waker
         self.max_poll_interval = max_poll_interval
         # Open requests each project's people can hold (rules.pressure); 0: no backpressure, nothing read.
         self.human_capacity = human_capacity
@@ -326,6 +331,9 @@ class StageActivities(ClosingActivities):
         self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
     ) -> VendorJob | StoredEvent:
         """Poll until the job ends or stalls, heartbeating its id: a retry resumes it, never resubmits."""
+        callback = adapter.route.callback
+        if callback is not None and self.waker is not None:
+            return await self._await_callback(op, adapter, inp, job, self.waker, callback.window)
         watch = StallWatch(inp.stall_after)
         mark("polling", op=op.key, job=job.id)
         # From poll_interval, half as long again each time, up to max_poll_interval: a quick job is seen at
@@ -341,6 +349,41 @@ class StageActivities(ClosingActivities):
             if isinstance(got, StoredEvent):
                 return got
             job = got
+        return job
+
+    async def _await_callback(
+        self,
+        op: Operation,
+        adapter: VendorAdapter,
+        inp: StageInput,
+        job: VendorJob,
+        waker: CallbackWaker,
+        window: float,
+    ) -> VendorJob | StoredEvent:
+        """Wait for the vendor's callback, reading the job from the vendor each time one wakes this attempt
+        or ``window`` passes without one (the polling fallback), under the stall watchdog.
+
+        The callback only wakes (``activities.callbacks``): what the job is — its status, output and cost — is
+        always the vendor's answer to our own authenticated read, never the callback's body.
+        """
+        watch = StallWatch(inp.stall_after)
+        mark("awaiting_callback", op=op.key, job=job.id)
+        async with waker.waiting(op.key) as woken:
+            # Read once the waiter is registered: a callback accepted before that would otherwise be missed.
+            got = await self.outputs.get(op, adapter, job.id)
+            if isinstance(got, StoredEvent):
+                return got
+            job = got
+            while job.status == JobStatus.RUNNING:  # the job id is heartbeated (attempt.accepted)
+                if watch.stalled(job.progress, time.monotonic()):
+                    return job
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), min(window, inp.stall_after))
+                woken.clear()
+                got = await self.outputs.get(op, adapter, job.id)
+                if isinstance(got, StoredEvent):
+                    return got
+                job = got
         return job
 
     async def _stalled(

@@ -1,18 +1,20 @@
 """The ledger database's login users: ``ledgerflow db roles``.
 
 Revision 0006 (``ledger/migrations/versions/0006_roles.py``) creates three NOLOGIN group roles and grants
-each what its processes do: ``ledgerflow_worker``, ``ledgerflow_operator``, ``ledgerflow_reader``. People and
-processes log in as users that are *members* of one of them. This module creates or updates those users,
-each with its password from the environment of the one running it (never from a command line, where ``ps``
-would show it):
+each what its processes do: ``ledgerflow_worker``, ``ledgerflow_operator``, ``ledgerflow_reader``; revision
+0010 a fourth, ``ledgerflow_receiver`` (the webhook receiver: it inserts vendor callbacks and nothing else).
+People and processes log in as users that are *members* of one of them. This module creates or updates
+those users, each with its password from the environment of the one running it (never from a command line,
+where ``ps`` would show it):
 
-====================================  ==================  ======================
+====================================  ==================  =======================
 password from                         login user          member of
-====================================  ==================  ======================
+====================================  ==================  =======================
 ``LEDGERFLOW_DB_WORKER_PASSWORD``     ``lf_worker``       ``ledgerflow_worker``
 ``LEDGERFLOW_DB_OPERATOR_PASSWORD``   ``lf_operator``     ``ledgerflow_operator``
 ``LEDGERFLOW_DB_READER_PASSWORD``     ``lf_reader``       ``ledgerflow_reader``
-====================================  ==================  ======================
+``LEDGERFLOW_DB_RECEIVER_PASSWORD``   ``lf_receiver``     ``ledgerflow_receiver``
+====================================  ==================  =======================
 
 Why a command rather than passwords in the migration: a revision is frozen and stored in the repository, so
 it must hold no secret; the roles' grants are schema (versioned, the same everywhere), the logins and their
@@ -37,6 +39,7 @@ GROUPS: Final = {
     "worker": "ledgerflow_worker",
     "operator": "ledgerflow_operator",
     "reader": "ledgerflow_reader",
+    "receiver": "ledgerflow_receiver",
 }
 USERS: Final = {kind: f"lf_{kind}" for kind in GROUPS}
 ENV: Final = {kind: f"LEDGERFLOW_DB_{kind.upper()}_PASSWORD" for kind in GROUPS}
@@ -96,9 +99,10 @@ def ensure_logins(url: str, env: Mapping[str, str]) -> list[Login]:
                 literal = ("'" + hashed.replace("'", "''") + "'").replace(":", "\\:")
                 verb = "CREATE" if found is None else "ALTER"
                 conn.execute(text(f"{verb} ROLE {user} {_ATTRIBUTES} PASSWORD {literal}"))
-                # Exactly one group: drop any other membership a past run (or a person) gave it.
+                # Exactly one group: drop any other membership a past run (or a person) gave it (a group an
+                # older schema lacks cannot be one).
                 for other in GROUPS.values():
-                    if other != group:
+                    if other != group and conn.execute(_GROUP_EXISTS, {"name": other}).first() is not None:
                         conn.execute(text(f"REVOKE {other} FROM {user}"))
                 conn.execute(text(f"GRANT {group} TO {user}"))
                 done.append(Login(kind, user, group, created=found is None))

@@ -315,3 +315,36 @@ billing_reconciliation: Final = Table(
     ),
     Index("ix_billing_reconciliation_kind", "kind", "route"),
 )
+
+# Every call the webhook receiver got from a vendor (ledger/callbacks.py, ledgerflow.webhooks), append-only,
+# with its verdict and why: accepted ones wake the worker waiting on the operation (NOTIFY), refused ones
+# (forged, stale, malformed, unknown route, replayed) are the record of who tried what. ``delivery_id`` is the
+# Standard Webhooks ``webhook-id``, or the body's SHA-256 for a scheme without one; a delivery is accepted
+# once (``uq_vendor_callbacks_accepted``). ``body`` (accepted ones, up to 64 kB) is kept for the record only:
+# the worker reads the job from the vendor, never from a callback.
+vendor_callbacks: Final = Table(
+    "vendor_callbacks",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("received_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column("route", Text, nullable=False),
+    Column("operation_key", Text, nullable=True),
+    Column("delivery_id", Text, nullable=False),
+    Column("verdict", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("body_sha256", Text, nullable=False),
+    Column("claimed_status", Text, nullable=True),  # the body's top-level status, as the vendor claims it
+    Column("body", JSONB, nullable=True),
+    CheckConstraint(
+        "verdict IN ('accepted', 'replayed', 'forged', 'stale', 'malformed', 'unknown_route')",
+        name="ck_vendor_callbacks_verdict",
+    ),
+    Index(
+        "uq_vendor_callbacks_accepted",
+        "route",
+        "delivery_id",
+        unique=True,
+        postgresql_where=text("verdict = 'accepted'"),
+    ),
+    Index("ix_vendor_callbacks_operation_key", "operation_key", "id"),
+)

@@ -163,6 +163,25 @@ def review(
     serve(get_settings(), host, port)
 
 
+webhooks_app = typer.Typer(
+    no_args_is_help=True, help="The receiver of vendors' callbacks (routes with `callback:`)."
+)
+app.add_typer(webhooks_app, name="webhooks")
+
+
+@webhooks_app.command("serve")
+@friendly
+def webhooks_serve(
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8787,
+) -> None:
+    """Serve POST /callbacks/{route}: verify each vendor callback, record it in the ledger, wake the worker
+    waiting on its operation. Its own process and port, apart from the reviewer page (as lf_receiver)."""
+    from ledgerflow.webhooks import serve
+
+    serve(get_settings(), host, port)
+
+
 @app.command()
 @friendly
 def down() -> None:
@@ -888,9 +907,10 @@ def db_current() -> None:
 @db_app.command("roles")
 @friendly
 def db_roles() -> None:
-    """Create or update the database's login users (lf_worker, lf_operator, lf_reader), each a member of
-    its group role only, with passwords from LEDGERFLOW_DB_WORKER_PASSWORD, LEDGERFLOW_DB_OPERATOR_PASSWORD,
-    LEDGERFLOW_DB_READER_PASSWORD (the ones set). Run as the role that ran `ledgerflow db upgrade`."""
+    """Create or update the database's login users (lf_worker, lf_operator, lf_reader, lf_receiver), each a
+    member of its group role only, with passwords from LEDGERFLOW_DB_WORKER_PASSWORD,
+    LEDGERFLOW_DB_OPERATOR_PASSWORD, LEDGERFLOW_DB_READER_PASSWORD, LEDGERFLOW_DB_RECEIVER_PASSWORD (the ones
+    set). Run as the role that ran `ledgerflow db upgrade`."""
     import os
 
     from ledger.roles import ensure_logins

@@ -23,6 +23,8 @@ A route file (YAML; ``LEDGERFLOW_ROUTES_FILE``) maps every executor a plan may n
         allow_private: []             # origins on private/loopback addresses result URLs may name (no key)
         max_result_bytes: 2GiB        # a result larger than this is refused (invalid_output, at its cost)
         max_json_bytes: 16MiB         # an API answer larger than this is unreadable
+        webhook_url: "https://hooks.example.com/callbacks/video.motion?operation_key={operation_key}"
+        callback: {secret_env: MOTION_WEBHOOK_SECRET}  # its calls verified by `ledgerflow webhooks serve`
       image.keyframe:
         adapter: jobs
         paths: {submit: /v2/tasks, get: "/v2/tasks/{job_id}"}  # the adapter's paths, relative to base_url
@@ -80,7 +82,7 @@ from rules.plan import Routes, Seconds
 from rules.pricing import RoutePrice
 from rules.routing import BreakerPolicy, Candidate
 from runtime.settings import ConfigError, Settings
-from vendors.auth import SCHEMES, AuthConfig, BearerAuth, OAuth2ClientCredentials, static_headers
+from vendors.auth import ENV_NAME, SCHEMES, AuthConfig, BearerAuth, OAuth2ClientCredentials, static_headers
 
 LOCAL_EXECUTORS: Final = frozenset({"code.validate", "media.assemble"})
 DEFAULT_EXECUTORS: Final = frozenset(
@@ -319,6 +321,24 @@ class Breaker(_Strict):
         )
 
 
+class CallbackSpec(_Strict):
+    """How the vendor's calls to ``webhook_url`` are verified by the webhook receiver (``ledgerflow webhooks
+    serve``, ``ledgerflow.webhooks``). A callback only wakes the worker waiting on its operation: the worker
+    then reads the job from the vendor itself, so nothing in a callback's body is trusted for money or
+    output."""
+
+    # The NAME of the variable holding the signing secret (like credential_env), read by the receiver only.
+    secret_env: str = Field(pattern=ENV_NAME)
+    # standard: Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature; Replicate's);
+    # hmac-sha256: the hex HMAC-SHA256 of the raw body in ``header`` (an optional ``sha256=`` prefix).
+    scheme: Literal["standard", "hmac-sha256"] = "standard"
+    header: str = Field(default="X-Signature", pattern=r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")
+    # How long a worker waits for a callback before it polls the vendor anyway (the polling fallback).
+    window: Seconds = 60.0
+    # standard: the most a callback's webhook-timestamp may be from the receiver's clock, either way.
+    tolerance: Seconds = 300.0
+
+
 class RouteSpec(_Strict):
     """One executor's route (or a fallback route another route lists)."""
 
@@ -368,6 +388,13 @@ class RouteSpec(_Strict):
     # per call). A predictions route sends it as the prediction's ``webhook`` (events: completed). Replicate
     # never returns it, so it is not how a lost prediction is found (that is by its version and input).
     webhook_url: str | None = Field(default=None, max_length=1000)
+    # How its callbacks are verified and how long a worker waits for one (None: no callbacks; the worker
+    # polls). Needs webhook_url.
+    callback: CallbackSpec | None = None
+    # The rights the vendor's terms grant its outputs (license, holder …), recorded with each artifact whose
+    # answer states none: Replicate's and OpenAI's APIs carry no rights metadata, and the compliance check
+    # (rules.checks) blocks an artifact without. A vendor's own rights metadata, where it gives some, wins.
+    rights: dict[str, Annotated[str, Field(max_length=200)]] | None = Field(default=None, max_length=20)
     breaker: Breaker = Breaker()
     # 5xx answers this vendor gives only when it did NOT take the request: refusals, so a request refused this
     # way may be resent or go to a fallback. None by default: a route lists a status only where its vendor
@@ -420,6 +447,14 @@ class RouteSpec(_Strict):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"must be an http(s) URL, got {value[:60]!r}")
         return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _callback_has_url(self) -> RouteSpec:
+        if self.callback is not None and self.webhook_url is None:
+            raise ValueError(
+                "callback needs webhook_url (where the vendor calls, with {operation_key} in it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _auth_header_apart(self) -> RouteSpec:

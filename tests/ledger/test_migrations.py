@@ -142,6 +142,7 @@ LEDGER_TABLES = {
     "billing_reconciliation",
     "route_holds",
     "review_logouts",
+    "vendor_callbacks",
 }
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column

@@ -277,6 +277,54 @@ def test_the_reader_records_a_logout_and_nobody_but_the_owner_takes_one_back(rec
         worker.dispose()
 
 
+def test_the_receiver_inserts_a_callback_and_nothing_else(recorder, pg_url, logins):
+    """The webhook receiver logs in as the receiver (revision 0010): it records a vendor's callback, with its
+    NOTIFY, and cannot read events or callbacks, change or delete a callback, or write an event."""
+    from ledger.callbacks import callbacks_for, open_engine, record_callback
+
+    key = f"op-{uuid.uuid4().hex}"
+    receiver = open_engine(logins["receiver"], pool_size=1)
+    fields = {
+        "route": "video.motion",
+        "operation_key": key,
+        "reason": "signature verified (standard)",
+        "body_sha256": "0" * 64,
+        "claimed_status": "succeeded",
+        "body": {"status": "succeeded"},
+    }
+    try:
+        assert record_callback(receiver, delivery_id=key, verdict="accepted", **fields) == "accepted"
+        # A replay: refused by the unique index, and recorded as such through the owner's function (the
+        # receiver reads no row itself).
+        assert record_callback(receiver, delivery_id=key, verdict="accepted", **fields) == "replayed"
+        assert "permission denied for table events" in refused(receiver, "SELECT count(*) FROM events")
+        assert "permission denied for table vendor_callbacks" in refused(
+            receiver, "SELECT count(*) FROM vendor_callbacks"
+        )
+        assert "permission denied" in refused(
+            receiver, "UPDATE vendor_callbacks SET verdict = 'forged' WHERE operation_key = :k", k=key
+        )
+        assert "permission denied" in refused(
+            receiver, "DELETE FROM vendor_callbacks WHERE operation_key = :k", k=key
+        )
+        assert "permission denied for table events" in refused(
+            receiver,
+            "INSERT INTO events (task_id, seq, type, epoch, dedup_key, payload)"
+            " VALUES ('t', 1, 'Noted', 1, :k, '{}')",
+            k=key,
+        )
+        assert "permission denied" in refused(receiver, "SELECT count(*) FROM task_leases")
+    finally:
+        receiver.dispose()
+    owner = open_engine(pg_url, pool_size=1)
+    try:
+        rows = callbacks_for(owner, key)
+    finally:
+        owner.dispose()
+    assert [(r.verdict, r.body) for r in rows] == [("accepted", {"status": "succeeded"}), ("replayed", None)]
+    assert rows[1].reason.startswith(f"delivery {key} was already accepted at {rows[0].received_at.year}")
+
+
 def test_db_roles_makes_member_only_logins_with_hashed_passwords_and_refuses_bad_input(
     recorder, pg_url, logins, tmp_path
 ):
@@ -297,11 +345,13 @@ def test_db_roles_makes_member_only_logins_with_hashed_passwords_and_refuses_bad
     assert [tuple(r) for r in rows] == [
         ("lf_operator", False, False, True, "SCRAM-SHA-256$", ["ledgerflow_operator"]),
         ("lf_reader", False, False, True, "SCRAM-SHA-256$", ["ledgerflow_reader"]),
+        ("lf_receiver", False, False, True, "SCRAM-SHA-256$", ["ledgerflow_receiver"]),
         ("lf_worker", False, False, True, "SCRAM-SHA-256$", ["ledgerflow_worker"]),
     ]
     assert [tuple(g) for g in groups] == [
         ("ledgerflow_operator", False),
         ("ledgerflow_reader", False),
+        ("ledgerflow_receiver", False),
         ("ledgerflow_worker", False),
     ]
     env = {"LEDGERFLOW_DATABASE_URL": pg_url}

@@ -94,8 +94,12 @@ def create_app(state: SimState) -> FastAPI:
         return str(request.base_url).rstrip("/")
 
     @api.post("/v1/predictions")
-    def create_prediction(body: PredictionRequest, request: Request) -> Response:
-        return _raw_json(predictions.create(body, base_of(request)), status_code=201)
+    async def create_prediction(body: PredictionRequest, request: Request) -> Response:
+        # Async only to learn the server's event loop, where webhook callbacks run; the work itself (which
+        # fetches inputs and may sleep) stays on the thread pool.
+        predictions.webhooks.bind(asyncio.get_running_loop())
+        view = await run_in_threadpool(predictions.create, body, base_of(request))
+        return _raw_json(view, status_code=201)
 
     @api.get("/v1/predictions")
     def list_predictions(
@@ -113,6 +117,14 @@ def create_app(state: SimState) -> FastAPI:
     @api.post("/v1/predictions/{prediction_id}/cancel")
     def cancel_prediction(prediction_id: str, request: Request) -> Response:
         return _raw_json(predictions.cancel(prediction_id, base_of(request)))
+
+    @api.get("/v1/webhooks/default/secret")
+    def webhook_secret() -> dict[str, str]:
+        """Replicate's signing secret for the account's webhooks (``{"key": "whsec_…"}``)."""
+        habits = state.config.webhooks
+        if habits is None:
+            raise SimError(404, "not_found", "no webhook signing secret is configured")
+        return {"key": habits.secret}
 
     # OpenAI's dialect (vendors/simulator/chat.py): the raw body is checked there, as the API checks it, so
     # that a malformed request is OpenAI's 400 (not FastAPI's 422); the work runs on the thread pool.
@@ -183,6 +195,12 @@ def create_app(state: SimState) -> FastAPI:
                 "gateway_errors": state.gateway_errors,
             }
 
+    @app.get("/admin/webhooks")
+    def webhooks() -> list[dict[str, Any]]:
+        """Every webhook delivery attempt of the predictions dialect, in order."""
+        with state.lock:
+            return [dict(row) for row in state.webhooks]
+
     @app.get("/admin/jobs/{job_id}")
     def job_request(job_id: str) -> dict[str, Any]:
         """What a job was asked for, as the vendor received it (the harness checks an input conversion)."""
@@ -217,6 +235,7 @@ def create_app(state: SimState) -> FastAPI:
     @app.post("/admin/reset")
     def reset() -> dict[str, bool]:
         state.reset()
+        predictions.webhooks.wake_all()  # pending callbacks find their predictions gone and end
         return {"ok": True}
 
     app.include_router(api)

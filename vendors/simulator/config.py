@@ -4,17 +4,21 @@ Each profile switch mirrors a habit of real paid vendors that costs money when t
 charge-then-drop, charge-then-503 (a gateway), jobs created after the client gave up, idempotency keys
 forgotten after a while, outputs purged, results served from another host, odd cost figures, rotated keys,
 408s and slow answers. All rates are drawn per request from a seeded RNG (``Draw``), so a workload replays
-identically.
+identically. ``WebhookHabits`` are the predictions dialect's callbacks and the ways a real sender spoils them
+(dropped, replayed, forged, sent before the work is done), drawn per prediction (``WebhookFate``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import random
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_CHAT = '{"verdict": "pass", "scores": {"overall": 0.9}, "reasons": []}'
 
@@ -134,6 +138,65 @@ class ChatRule(BaseModel):
         return self.rate >= 1 or random.Random(f"{seed}:{self.match}:{message}").random() < self.rate
 
 
+class WebhookHabits(BaseModel):
+    """How the predictions dialect calls a prediction's ``webhook`` back, and how it misbehaves doing so.
+
+    Signed as Replicate signs (the Standard Webhooks scheme, https://www.standardwebhooks.com):
+    ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature: v1,<base64 HMAC-SHA256>`` keyed by the
+    base64 part of ``secret`` (https://replicate.com/docs/topics/webhooks/verify-webhook; the secret is served
+    at ``GET /v1/webhooks/default/secret``). Each rate is drawn once per prediction (``WebhookFate``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    secret: str = Field(
+        description="the signing secret, 'whsec_' and base64 (GET /v1/webhooks/default/secret)"
+    )
+    delay_seconds: float = Field(default=0.0, ge=0, description="how long after completion the callback goes")
+    drop: Rate = Field(default=0.0, description="never send the completed callback")
+    duplicate: Rate = Field(
+        default=0.0, description="send the completed delivery twice: same webhook-id, timestamp and body"
+    )
+    forge: Rate = Field(default=0.0, description="sign the prediction's deliveries with a wrong key")
+    early: Rate = Field(
+        default=0.0, description="also send a body claiming 'succeeded' while the prediction still runs"
+    )
+    rewrite_host: str | None = Field(
+        default=None,
+        description="POST callbacks to this http://host:port origin instead of the webhook URL's own (path "
+        "and query kept): route webhook URLs name public hosts",
+    )
+
+    @field_validator("secret")
+    @classmethod
+    def _whsec(cls, value: str) -> str:
+        if not value.startswith("whsec_"):
+            raise ValueError("a webhook secret is 'whsec_' followed by base64")
+        try:
+            key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
+        except binascii.Error as e:
+            raise ValueError(f"a webhook secret's key is not base64: {e}") from None
+        if not key:
+            raise ValueError("a webhook secret's key is empty")
+        return value
+
+    @field_validator("rewrite_host")
+    @classmethod
+    def _origin(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError("rewrite_host is an origin: http://host:port")
+        if parts.query or parts.fragment:
+            raise ValueError("rewrite_host is an origin: http://host:port")
+        return f"{parts.scheme}://{parts.netloc}"
+
+    def key(self) -> bytes:
+        """The HMAC key: the base64-decoded part of the secret after ``whsec_``."""
+        return base64.b64decode(self.secret.removeprefix("whsec_"))
+
+
 class SimConfig(BaseModel):
     """The whole simulator configuration; replaceable at runtime with ``PUT /admin/config``."""
 
@@ -157,6 +220,8 @@ class SimConfig(BaseModel):
     # sent as raw JSON numbers); it is billed for the real usage all the same.
     chat_usage_override: dict[str, str] | None = None
     image_price: Decimal = Field(default=Decimal("0.04"), ge=0)
+    # The predictions dialect's callbacks (None: it never calls a webhook back, it only reads its label).
+    webhooks: WebhookHabits | None = None
 
     def profile(self, executor: str) -> ExecutorProfile:
         return self.executors.get(executor, self.default)
@@ -215,4 +280,27 @@ class Draw:
             server_error_status=p.server_error_status,
             gateway_error=u[16] < p.gateway_error,
             gateway_error_status=p.gateway_error_status,
+        )
+
+
+@dataclass(frozen=True)
+class WebhookFate:
+    """How one prediction's callbacks misbehave, drawn once when it is created."""
+
+    drop: bool = False
+    duplicate: bool = False
+    forge: bool = False
+    early: bool = False
+
+    @classmethod
+    def for_prediction(cls, seed: int, key: str, attempt: int, habits: WebhookHabits) -> WebhookFate:
+        # A stream of its own (not more numbers in Draw's): turning callbacks on never shifts a prediction's
+        # other outcomes. Every number is drawn, in a fixed order, whatever the rates.
+        rng = random.Random(f"{seed}:{key}:{attempt}:webhook")
+        u = [rng.random() for _ in range(4)]
+        return cls(
+            drop=u[0] < habits.drop,
+            duplicate=u[1] < habits.duplicate,
+            forge=u[2] < habits.forge,
+            early=u[3] < habits.early,
         )

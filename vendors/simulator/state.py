@@ -234,6 +234,8 @@ class SimState:
             self.predictions: dict[str, Job] = {}  # the predictions protocol's jobs, in creation order
             self.predictions_asked = 0  # every POST /v1/predictions, refused or not (names anonymous ones)
             self.files: dict[str, Output] = {}  # images served by URL from the CDN
+            # Every webhook delivery attempt of the predictions dialect (GET /admin/webhooks), in order.
+            self.webhooks: list[dict[str, Any]] = []
 
     # ── authentication ────────────────────────────────────────────────────────────────────────────────
     def authenticate(self, authorization: str | None) -> None:
