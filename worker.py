@@ -128,6 +128,7 @@ async def build_worker(
             review.gate,
             llm.decide,
             people.record_batch,
+            people.record_changes,
             people.arrivals,
             billing.reconcile,
         ],

@@ -40,6 +40,7 @@ class Activity(StrEnum):
     LLM_DECIDE = "llm.decide"
     PEOPLE_RECORD_BATCH = "people.record_batch"
     PEOPLE_ARRIVALS = "people.arrivals"
+    PEOPLE_RECORD_CHANGES = "people.record_changes"  # people's signed changes to a running task
     # The scheduled billing reconciliation (activities/billing.py, workflows/reconciliation.py): no task's.
     BILLING_RECONCILE = "billing.reconcile"
     # Removed: no worker registers it. Scheduled only when replaying a history recorded before
@@ -238,6 +239,14 @@ class RecordDecisionsInput(BaseModel):
 
     task_id: str
     decisions: list[Received]
+    after: int
+
+
+class RecordChangesInput(BaseModel):
+    """A batch of people's signed changes (rules.changes), ruled on and recorded in one local activity."""
+
+    task_id: str
+    changes: list[Received]  # ``decision`` holds the raw change
     after: int
 
 

@@ -22,12 +22,13 @@ from datetime import UTC, datetime
 from temporalio import activity
 from temporalio.client import Client
 
-from activities.contracts import Activity, ArrivalsInput, Received, RecordDecisionsInput
+from activities.contracts import Activity, ArrivalsInput, Received, RecordChangesInput, RecordDecisionsInput
 from ledger.recorder import Recorder
 from rules.approvers import KeyRecord
+from rules.changes import evaluate_change
 from rules.envelope import StoredEvent
 from rules.events import to_new
-from rules.keys import resolution_key
+from rules.keys import change_key, rejected_key, resolution_key
 from rules.people import (
     Keys,
     Ruling,
@@ -131,6 +132,27 @@ class PeopleActivities:
         # Someone resolved the request between our read and our write (a timeout, another person): the first
         # resolution stands; this one is refused and its sender told by whom.
         return conflict(task_id, received.decision, stored)
+
+    @activity.defn(name=Activity.PEOPLE_RECORD_CHANGES)
+    def record_changes(self, inp: RecordChangesInput) -> list[StoredEvent]:
+        """Rule on each signed change of the batch in order (``rules.changes``), record each ruling — the
+        ``TaskChange``, or a refusal marker naming why — and return the task's events after ``inp.after``."""
+        task_id = inp.task_id
+        events = self.recorder.read_events(task_id)
+        if events:
+            keys = self.keys()
+            p = fold(events)
+            for received in inp.changes:
+                ruling = evaluate_change(task_id, received.decision, p, keys, received.received_at)
+                if ruling.event is not None:
+                    key = change_key(task_id, ruling.ref)
+                    self.recorder.append_idempotent(task_id, to_new(ruling.event, dedup_key=key))
+                elif ruling.rejection is not None:
+                    marker = to_new(ruling.marker(), dedup_key=rejected_key(task_id, ruling.ref))
+                    self.recorder.append_idempotent(task_id, marker)
+                for e in self.recorder.read_events(task_id, after_seq=p.watermark):
+                    apply(p, e)  # the next change of the batch is ruled on what this one left
+        return self.recorder.read_events(task_id, after_seq=inp.after)
 
     @activity.defn(name=Activity.PEOPLE_ARRIVALS)
     async def arrivals(self, inp: ArrivalsInput) -> dict[str, datetime]:

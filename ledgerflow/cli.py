@@ -777,6 +777,32 @@ def decide(
 
 @app.command()
 @friendly
+def change(
+    kind: Annotated[str, typer.Argument(help="pause | resume")],
+    task_id: Annotated[str, typer.Argument(help="TASK_ID")],
+    key_file: KeyFileOption = None,
+    approver: AsOption = None,
+    note: NoteOption = "",
+) -> None:
+    """Sign and send a change to a running task, then print its ruling: exit 0 accepted, 1 otherwise.
+
+    pause: nothing new is dispatched (work in flight finishes and is recorded); resume: it goes on."""
+    from ledgerflow.views import people
+
+    if approver is not None and key_file is None:
+        from ledgerflow.client import stack_dev
+
+        key = people.approver_key(stack_dev(get_settings()), key_file, approver)
+    else:
+        key = people.approver_key(get_settings(), key_file, approver)
+    sent = asyncio.run(people.change(get_settings(), key, task_id, kind, note=note))
+    (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
+    if sent.status != "accepted":
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly
 def quote(
     plan: Annotated[Path | None, typer.Argument(help="plan file (YAML)")] = None,
     project: Annotated[

@@ -278,6 +278,31 @@ class PartialResolution(_Event):
     note: str = ""
 
 
+class ChangeKind(StrEnum):
+    """What a person's signed change to a running task does (rules.changes)."""
+
+    PAUSE = "pause"  # no new dispatch; work in flight finishes and is recorded
+    RESUME = "resume"
+
+
+class TaskChange(_Event):
+    """A person's signed change to a running task (rules.changes), recorded as it was signed: the exact
+    message and its Ed25519 signature (``ledgerflow audit`` re-verifies them), when it was signed and when it
+    reached Temporal."""
+
+    type: Literal["TaskChange"] = "TaskChange"
+    change_id: str
+    kind: ChangeKind
+    node: str | None = None
+    approver: str
+    key_id: str
+    note: str = Field(default="", max_length=2000)
+    signed: str = Field(max_length=8000)
+    signature: str
+    issued_at: datetime
+    received_at: datetime
+
+
 Event = (
     TaskCreated
     | Intent
@@ -291,6 +316,7 @@ Event = (
     | RollbackDone
     | Escalation
     | PartialResolution
+    | TaskChange
 )
 LedgerEvent = Annotated[Event, Field(discriminator="type")]
 EVENT_TYPES = (
@@ -306,6 +332,7 @@ EVENT_TYPES = (
     "Rollback",
     "Escalation",
     "PartialResolution",
+    "TaskChange",
 )
 
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(LedgerEvent)

@@ -104,6 +104,11 @@ def resolution_key(task_id: str, request_id: str) -> str:
     return f"{task_id}:resolution:{request_id}"
 
 
+def change_key(task_id: str, change_id: str) -> str:
+    """A person's signed change (rules.changes): recorded once, however often it is sent."""
+    return f"{task_id}:change:{change_id}"
+
+
 def rejected_key(task_id: str, decision_ref: str) -> str:
     return f"{task_id}:rejected:{decision_ref}"
 

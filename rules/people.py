@@ -86,6 +86,88 @@ def rules_on(p: Projection, request_id: str) -> bool:
     return request_id.startswith(UNDO_REQUEST) and view is not None and view.open
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a decision's sender is told: ``accepted`` (what, by whom), ``already resolved`` (by what) or
+    ``rejected`` (why); ``pending`` only where no ruling could be waited for."""
+
+    decision_id: str
+    status: str
+    detail: str
+
+
+def refusal_reason(stored: StoredEvent, decision_id: str) -> str | None:
+    """The reason ``stored`` gives for refusing ``decision_id`` (one by one, or in a burst), if it does."""
+    if stored.type != "SystemMarker":
+        return None
+    kind, detail = stored.payload.get("kind"), str(stored.payload.get("detail", ""))
+    if kind == MarkerKind.REJECTED_INPUT.value and detail.startswith(f"{decision_id}: "):
+        return detail[len(decision_id) + 2 :]
+    if kind == MarkerKind.REJECTED_BURST.value and decision_id in detail:
+        marker = parse(stored)
+        assert isinstance(marker, SystemMarker)
+        return burst_reasons(marker).get(decision_id)
+    return None
+
+
+def answer(events: Iterable[StoredEvent], decision_id: str) -> Answer | None:
+    """What the ledger says of the decision ``decision_id``: its acceptance or its refusal, if recorded."""
+    refused: Answer | None = None
+    for stored in events:
+        if stored.type == "HumanDecision" and stored.payload.get("decision_id") == decision_id:
+            event = parse(stored)
+            assert isinstance(event, HumanDecision)
+            amount = f" {event.amount}" if event.amount is not None else ""
+            return Answer(decision_id, "accepted", f"{event.decision.value}{amount} by {event.approver}")
+        reason = refusal_reason(stored, decision_id)
+        if reason is None:
+            continue
+        if reason.startswith("already resolved: "):
+            refused = Answer(decision_id, "already resolved", reason.removeprefix("already resolved: "))
+        else:
+            refused = Answer(decision_id, "rejected", reason)
+    return refused
+
+
+def answer_after(p: Projection, recorded: Iterable[StoredEvent], raw: Any) -> Answer:
+    """The ruling on ``raw`` once its batch was recorded: from what the batch recorded (``recorded``, folded
+    into ``p``), else from the request as ``p`` has it (the same decision sent again: it stood, or it was
+    refused before and the ledger already says why)."""
+    ref = decision_ref(raw)
+    found = answer(recorded, ref)
+    if found is not None:
+        return found
+    rid = raw.get("request_id") if isinstance(raw, dict) else None
+    view = p.requests.get(rid) if isinstance(rid, str) else None
+    if view is not None and view.decision_id is not None and view.decision_id == ref:
+        assert view.decision is not None
+        return Answer(ref, "accepted", f"{view.decision.value} by {view.decided_by}")
+    if view is not None and not view.open:
+        return Answer(ref, "already resolved", describe_view(view))
+    return Answer(ref, "rejected", "this decision was refused before (the ledger holds why)")
+
+
+def precheck(p: Projection | None, raw: Any) -> str | None:
+    """Why a decision cannot be taken at all, judged without I/O (a Temporal Update's validator): its shape,
+    and whether it names a request still open on a task still ruling. None: it goes on to be verified and
+    recorded. What needs the key registry (signature, authority, key endorsements) is judged after."""
+    if p is None:
+        return "the task is still opening: send it again in a moment"
+    parsed = parse_decision(raw)
+    if isinstance(parsed, str):
+        return parsed
+    view = p.requests.get(parsed.request_id)
+    if view is None:
+        return f"no request {parsed.request_id[:200]!r} in task {p.task_id}"
+    if not rules_on(p, parsed.request_id):
+        return f"task {p.task_id} is {p.state.value}: nothing to decide"
+    if not view.open:
+        if view.decision_id == parsed.decision_id:
+            return None  # the same decision again: answered as it stood
+        return f"already resolved: {describe_view(view)}"
+    return None
+
+
 def canonical(
     task_id: str,
     decision_id: str,

@@ -31,6 +31,7 @@ from rules.actions import (
 from rules.dag import Graph, build_graph
 from rules.envelope import StoredEvent
 from rules.events import (
+    ChangeKind,
     Decision,
     Escalation,
     ExecutionResult,
@@ -44,6 +45,7 @@ from rules.events import (
     Progress,
     RollbackDone,
     SystemMarker,
+    TaskChange,
     TaskCreated,
     Verdict,
     parse,
@@ -189,6 +191,7 @@ class RequestView:
     opened_seq: int
     decision: HumanDecisionType | None = None
     decided_by: str | None = None
+    decision_id: str | None = None  # the signed decision that resolved it (its sender's id)
     timed_out: bool = False
     applied: bool = False  # the timeout policy's consequence has been recorded
     resolves: str | None = None  # for an escalation: the timed-out request it stands in for
@@ -243,6 +246,9 @@ class Projection:
     rework_rounds: int = 0
     rework_allowance: int = 0  # extra rounds granted by a person
     aborted_by: str | None = None
+    # Paused by a person's signed change (rules.changes): no new dispatch until a resume.
+    paused_by: str | None = None
+    changes: dict[str, str] = field(default_factory=dict)  # change id -> what it did ("pause by director")
     completed: bool = False
     terminal_reason: str | None = None
     escalation_reason: str | None = None
@@ -455,6 +461,8 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             _apply_marker(p, event)
         case HumanDecision():
             _apply_human(p, event)
+        case TaskChange():
+            _apply_change(p, event)
         case RollbackDone():
             p.rework_rounds = max(p.rework_rounds, event.round)
             findings = p.review.findings if p.review is not None else ()
@@ -633,12 +641,24 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
         _spend(p, p.nodes.get(e.node) if e.node else None, e.amount)
 
 
+def _apply_change(p: Projection, e: TaskChange) -> None:
+    """A person's signed change, recorded (rules.changes validated it against the fold it was ruled on)."""
+    if e.change_id in p.changes:
+        return
+    p.changes[e.change_id] = f"{e.kind.value} by {e.approver}"
+    if e.kind == ChangeKind.PAUSE:
+        p.paused_by = e.approver
+    elif e.kind == ChangeKind.RESUME:
+        p.paused_by = None
+
+
 def _apply_human(p: Projection, e: HumanDecision) -> None:
     r = p.requests.get(e.request_id)
     if r is None or not r.open or e.decision not in r.request.options:
         return  # the recording path validates; a late duplicate or an answer not offered changes nothing
     r.decision = e.decision
     r.decided_by = e.approver
+    r.decision_id = e.decision_id
     if e.decision == HumanDecisionType.ABORT:
         p.aborted_by = e.approver
         return
@@ -827,6 +847,7 @@ def summary(p: Projection) -> dict[str, Any]:
             }
             for n in p.nodes.values()
         },
+        **({"paused_by": p.paused_by} if p.paused_by is not None else {}),
         # A task submitted with --budget-from-quote: its spend against the quote it was priced from, in the
         # status and in the workflow's result (the drift is recorded in the history when the task ends).
         **(

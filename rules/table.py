@@ -420,7 +420,8 @@ def _needs_gate(p: Projection, n: NodeView) -> bool:
 
 
 def _advance_when(p: Projection, now: datetime) -> bool:
-    return first_ready(p) is not None
+    # Paused by a person (rules.changes): nothing new starts; what is in flight finishes and is recorded.
+    return p.paused_by is None and first_ready(p) is not None
 
 
 def _advance_then(p: Projection, now: datetime) -> Action:
@@ -549,7 +550,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # made it (and reports apart where today's table would decide differently).
 # 2: backpressure (rules.pressure) and compensation (a terminal task's compensating phase).
 # 3: admission at the worst credible cost (rules.pricing: the price book, the stage's observed price).
-RULES_VERSION: Final = 3
+# 4: a task a person paused (rules.changes) starts nothing new and waits for its resume.
+RULES_VERSION: Final = 4
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),
@@ -594,7 +596,8 @@ def decide(p: Projection, now: datetime) -> tuple[str, Action] | None:
         if rule.when(p, now):
             return rule.id, rule.then(p, now)
     pending = (
-        any(p.running.values())
+        p.paused_by is not None  # a paused task waits for its resume (never a question for the planner)
+        or any(p.running.values())
         or bool(p.gate_pending)
         or any((at := p.nodes[n].retry_at) is not None and at > now for n in p.failed)
         or any(r.open for r in p.requests.values())

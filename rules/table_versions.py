@@ -28,13 +28,23 @@ from rules.table import RULES_VERSION, decide
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
 
+def _decide_v3(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 3: today's without what table 4 added — a person's pause (no task could be paused then).
+    Exact: a task never paused decides the same under both."""
+    paused, p.paused_by = p.paused_by, None
+    try:
+        return decide(p, now)
+    finally:
+        p.paused_by = paused
+
+
 def _decide_v2(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """Table 2: today's table without what table 3 added — admission at the worst credible cost (it admitted
     every node at its plan's estimate: no price book, no observed price). Exact: with no price book, table 3
     prices every node at its estimate."""
     book, p.prices = p.prices, None
     try:
-        return decide(p, now)
+        return _decide_v3(p, now)
     finally:
         p.prices = book
 
@@ -53,7 +63,7 @@ def _decide_v1(p: Projection, now: datetime) -> tuple[str, Action] | None:
 
 
 # version -> that table's ``decide``. Today's table is always here under today's version.
-_TABLES: Final[dict[int, Decide]] = {1: _decide_v1, 2: _decide_v2, RULES_VERSION: decide}
+_TABLES: Final[dict[int, Decide]] = {1: _decide_v1, 2: _decide_v2, 3: _decide_v3, RULES_VERSION: decide}
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block
 
 

@@ -249,7 +249,8 @@ async def running_ledgerflow(
     """
     from worker import build_worker
 
-    queue = f"q-{uuid.uuid4().hex[:10]}"
+    # A queue of the test's own; ``task_queue=`` names one (a worker started again for the same tasks).
+    queue = overrides.pop("task_queue", None) or f"q-{uuid.uuid4().hex[:10]}"
     if routes is not None:
         routes_file = workdir / "routes.yaml"
         routes_file.write_text(yaml.safe_dump(routes.model_dump(mode="json")))

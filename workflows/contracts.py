@@ -43,6 +43,24 @@ class TaskResult(BaseModel):
     summary: dict[str, Any]
 
 
+class DecisionRuling(BaseModel):
+    """The answer to a ``decide`` Update: the ruling on the decision, as recorded in the ledger.
+
+    ``status``: ``accepted`` (``detail``: what, by whom), ``already resolved`` (by what) or ``rejected``
+    (why). A decision the Update's validator refuses (malformed, naming no open request) gets no ruling: the
+    Update fails with the reason and nothing is recorded, in the ledger or in Temporal's history.
+    """
+
+    decision_id: str
+    status: str
+    detail: str
+
+
+DECIDE = "decide"  # the Update people's decisions are sent as (and the signal that stays for raw use)
+CHANGE = "change"  # the Update people's signed changes to a running task are sent as (rules.changes)
+DECISION_REFUSED = "DecisionRefused"  # the ApplicationError type of a decision the Update's validator refuses
+
+
 def workflow_id(task_id: str) -> str:
     """One workflow per task: its id is derived from the task id (never random)."""
     return f"ledgerflow-task-{task_id}"

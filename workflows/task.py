@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         OpenTaskResult,
         ReadInput,
         Received,
+        RecordChangesInput,
         RecordDecisionInput,
         RecordDecisionsInput,
         StageInput,
@@ -53,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         executor_activity,
     )
     from rules.actions import Action, Compensate, Dispatch, StaticGate, Wait
+    from rules.changes import change_answer, change_ref, precheck_change
     from rules.envelope import NewEvent, StoredEvent
     from rules.events import (
         Failure,
@@ -79,7 +81,7 @@ with workflow.unsafe.imports_passed_through():
         ask_person,
         check_llm_action,
     )
-    from rules.people import decision_ref, final_deadline
+    from rules.people import answer_after, decision_ref, final_deadline, precheck
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import (
         RULES_VERSION,
@@ -89,7 +91,20 @@ with workflow.unsafe.imports_passed_through():
         past_deadline,
         undo_refused,
     )
-    from workflows.contracts import EPISODE, PROJECT, SPENT, STATE, VERDICT, WAITING, TaskInput, TaskResult
+    from workflows.contracts import (
+        CHANGE,
+        DECIDE,
+        DECISION_REFUSED,
+        EPISODE,
+        PROJECT,
+        SPENT,
+        STATE,
+        VERDICT,
+        WAITING,
+        DecisionRuling,
+        TaskInput,
+        TaskResult,
+    )
     from workflows.policies import (
         ADOPT_BEFORE_WAIT,
         CLOSE_RETRY,
@@ -136,6 +151,11 @@ class TaskWorkflow:
         self._started: set[str] = set()  # operation keys this run has started an executor for
         # Decisions signalled by people, not yet validated and recorded, and the workflow time they arrived.
         self._inbox: list[tuple[Any, datetime]] = []
+        self._asked: set[str] = set()  # refs of decisions sent as Updates, whose senders wait for a ruling
+        self._rulings: dict[str, DecisionRuling] = {}  # ref -> the ruling told to its Update
+        # People's signed changes (the ``change`` Update), not yet ruled on, and the rulings told.
+        self._changes: list[tuple[Any, datetime]] = []
+        self._change_rulings: dict[str, DecisionRuling] = {}
         self._to_write: dict[str, NewEvent] = {}  # operation key -> the INTENT its executor is to write
         self._intents_in_executor = False  # this run's executors write their INTENTs (INTENT_IN_EXECUTOR)
         # INTENTs the ledger refused to write: (operation key, why, the scope that is short).
@@ -145,12 +165,51 @@ class TaskWorkflow:
         self._draining = False  # the history is long: dispatch nothing more, then continue as new
         self._opened_length = 0  # the history's length once the task was opened (its ledger read)
 
-    @workflow.signal(name="decide")
+    @workflow.signal(name=DECIDE)
     def decide_signal(self, decision: Any) -> None:
         """A person's decision. Taken as raw JSON on purpose: a malformed or unsigned payload must still be
         seen, rejected and audited by ``people.record_batch`` (the workflow never trusts or drops it)."""
         self._inbox.append((decision, workflow.now()))
         self._woken = True
+
+    @workflow.update(name=DECIDE)
+    async def decide_update(self, decision: Any) -> DecisionRuling:
+        """A person's decision, answered with its ruling: it joins the inbox the signal feeds (ruled on in
+        the same batches, with the time it arrived), and its sender is told once its batch is recorded —
+        accepted, already resolved, or refused and why — without reading the ledger."""
+        ref = decision_ref(decision)
+        self._asked.add(ref)
+        self._inbox.append((decision, workflow.now()))
+        self._woken = True
+        await workflow.wait_condition(lambda: ref in self._rulings)
+        return self._rulings[ref]
+
+    @workflow.update(name=CHANGE)
+    async def change_update(self, change: Any) -> DecisionRuling:
+        """A person's signed change to the running task (``rules.changes``: pause, resume …), answered with
+        its ruling once recorded; the rules apply it at the loop's next decision."""
+        ref = change_ref(change)
+        self._changes.append((change, workflow.now()))
+        self._woken = True
+        await workflow.wait_condition(lambda: ref in self._change_rulings)
+        return self._change_rulings[ref]
+
+    @change_update.validator
+    def change_validator(self, change: Any) -> None:
+        """Refuse, before it enters the history, a change that is malformed or cannot apply to the task now
+        (its signature and the signer's authority are judged by ``people.record_changes``)."""
+        why = precheck_change(self._p, change)
+        if why is not None:
+            raise ApplicationError(why, type=DECISION_REFUSED, non_retryable=True)
+
+    @decide_update.validator
+    def decide_validator(self, decision: Any) -> None:
+        """Refuse, before it enters the history, a decision that is malformed or names no request the task
+        still rules on (deterministic, no I/O: the signature and the approver's authority need the key
+        registry, and are judged by ``people.record_batch``, which records refusals too)."""
+        why = precheck(self._p, decision)
+        if why is not None:
+            raise ApplicationError(why, type=DECISION_REFUSED, non_retryable=True)
 
     @workflow.query(name="status")
     def status(self) -> dict[str, Any]:
@@ -189,7 +248,9 @@ class TaskWorkflow:
                 break
             if self._long_history() and workflow.patched(CONTINUE_AS_NEW):
                 self._draining = True
-                if not (self._running or p.provisional or self._inbox or self._refused):
+                quiet = not (self._running or p.provisional or self._inbox or self._changes or self._refused)
+                # An Update told its ruling still has to return it (no Update is lost to the new run).
+                if quiet and workflow.all_handlers_finished():
                     self._continue_as_new(p)
             now = workflow.now()
             decided = decide(p, now)
@@ -226,6 +287,9 @@ class TaskWorkflow:
         # every one of them is in the audit trail.
         await self._take_decisions(p)
         self._tell(p)
+        # Every Update told its ruling returns it before the workflow ends (a decision arriving after the
+        # task's end is refused by the validator: nothing to decide).
+        await workflow.wait_condition(workflow.all_handlers_finished)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
 
     async def _compensate(self, p: Projection) -> None:
@@ -667,7 +731,30 @@ class TaskWorkflow:
             batch, self._inbox = self._inbox[:DECISION_BATCH], self._inbox[DECISION_BATCH:]
             received = await self._arrivals(p, batch)
             record = RecordDecisionsInput(task_id=p.task_id, decisions=received, after=p.watermark)
-            self._apply(p, await self._ledger(Activity.PEOPLE_RECORD_BATCH, record))
+            recorded = await self._ledger(Activity.PEOPLE_RECORD_BATCH, record)
+            self._apply(p, recorded)
+            self._rule_for_senders(p, recorded, [raw for raw, _ in batch])
+        while self._changes:
+            changes, self._changes = self._changes[:DECISION_BATCH], self._changes[DECISION_BATCH:]
+            asked = [Received(decision=raw, received_at=at) for raw, at in changes]
+            rec = RecordChangesInput(task_id=p.task_id, changes=asked, after=p.watermark)
+            recorded = await self._ledger(Activity.PEOPLE_RECORD_CHANGES, rec)
+            self._apply(p, recorded)
+            for raw, _ in changes:
+                told = change_answer(recorded, p, raw)
+                self._change_rulings[told.decision_id] = DecisionRuling(
+                    decision_id=told.decision_id, status=told.status, detail=told.detail
+                )
+
+    def _rule_for_senders(self, p: Projection, recorded: list[StoredEvent], batch: list[Any]) -> None:
+        """Tell each decision's Update (if it came as one) its ruling, from what its batch recorded."""
+        for raw in batch:
+            ref = decision_ref(raw)
+            if ref in self._asked and ref not in self._rulings:
+                told = answer_after(p, recorded, raw)
+                self._rulings[ref] = DecisionRuling(
+                    decision_id=told.decision_id, status=told.status, detail=told.detail
+                )
 
     async def _arrivals(self, p: Projection, batch: list[tuple[Any, datetime]]) -> list[Received]:
         """Each decision with the time it reached Temporal. The workflow time it was handled at is never

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from ledger.recorder import Recorder
+from rules.changes import reverify_change
 from rules.envelope import StoredEvent
 from rules.money import vendor_amount
 from rules.operation import OperationRecord, fold_operations, served_by
@@ -450,13 +451,15 @@ class Signatures:
 def audit_signatures(
     task_id: str, events: Sequence[StoredEvent], keys: Keys, signed_since: datetime | None
 ) -> Signatures:
-    """Re-verify every ``HumanDecision`` of the task (``rules.people.reverify``), each against the fold of
-    the events before it."""
+    """Re-verify every ``HumanDecision`` (``rules.people.reverify``) and every ``TaskChange``
+    (``rules.changes.reverify_change``) of the task."""
     decisions = [e for e in events if e.type == "HumanDecision"]
-    if not decisions:
+    changes = [e for e in events if e.type == "TaskChange"]
+    if not decisions and not changes:
         return Signatures(0)
     p = fold(list(events))
     found = [reverify(task_id, e, p, keys, signed_since) for e in decisions]
+    found += [reverify_change(task_id, e, p, keys) for e in changes]  # people's signed changes too
     problems = tuple(f.problem for f in found if f.problem is not None)
     notes = tuple(f.note for f in found if f.note is not None)
     verified = sum(1 for f in found if f.problem is None)

@@ -12,13 +12,19 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from temporalio.client import (
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+    WorkflowUpdateStage,
+)
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ledgerflow import client
@@ -33,10 +39,11 @@ from ledgerflow.views.queue import (
 from reconcile.takeover import task_histories
 from reconcile.takeover import unfinished as still_running
 from rules.actions import RequestKind
+from rules.changes import canonical_change
 from rules.envelope import StoredEvent
-from rules.events import HumanDecision, MarkerKind, SystemMarker, parse
+from rules.events import ChangeKind
 from rules.people import (
-    burst_reasons,
+    answer,
     canonical,
     describe_resolution,
     issued_now,
@@ -51,6 +58,8 @@ from runtime.signing import DEMO_APPROVERS, ApproverKey, KeyFileError, demo_key,
 
 DECISIONS = {"approve": "approve", "resume": "resume", "abort": "abort", "add-budget": "add_budget"}
 POLL_SECONDS = 30.0
+# How long a decision's Update may wait for a worker to accept it before the signal carries it instead.
+ACCEPT_SECONDS = 5.0
 
 
 def parse_global_id(text: str) -> tuple[str, str]:
@@ -273,35 +282,8 @@ def approver_key(settings: Settings, key_file: Path | None, approver: str | None
 
 def outcome(events: list[StoredEvent], decision_id: str) -> Sent | None:
     """What the worker made of the decision ``decision_id``, if it has ruled yet."""
-    refused: Sent | None = None
-    for stored in events:
-        if stored.type == "HumanDecision" and stored.payload.get("decision_id") == decision_id:
-            event = parse(stored)
-            assert isinstance(event, HumanDecision)
-            amount = f" {event.amount}" if event.amount is not None else ""
-            return Sent(decision_id, "accepted", f"{event.decision.value}{amount} by {event.approver}")
-        reason = _refusal(stored, decision_id)
-        if reason is None:
-            continue
-        if reason.startswith("already resolved: "):
-            refused = Sent(decision_id, "already resolved", reason.removeprefix("already resolved: "))
-        else:
-            refused = Sent(decision_id, "rejected", reason)
-    return refused
-
-
-def _refusal(stored: StoredEvent, decision_id: str) -> str | None:
-    """The reason ``stored`` gives for refusing ``decision_id`` (one by one, or in a burst), if it does."""
-    if stored.type != "SystemMarker":
-        return None
-    kind, detail = stored.payload.get("kind"), str(stored.payload.get("detail", ""))
-    if kind == MarkerKind.REJECTED_INPUT.value and detail.startswith(f"{decision_id}: "):
-        return detail[len(decision_id) + 2 :]
-    if kind == MarkerKind.REJECTED_BURST.value and decision_id in detail:
-        marker = parse(stored)
-        assert isinstance(marker, SystemMarker)
-        return burst_reasons(marker).get(decision_id)
-    return None
+    found = answer(events, decision_id)
+    return Sent(found.decision_id, found.status, found.detail) if found is not None else None
 
 
 def ruling(p: Projection, events: list[StoredEvent], decision_id: str, request_id: str) -> Sent | None:
@@ -353,19 +335,31 @@ async def decide(
 async def relay(
     settings: Settings, task_id: str, payload: dict[str, Any], *, timeout: float = POLL_SECONDS
 ) -> Sent:
-    """Send a signed decision as it is (the CLI's, or one the reviewer page signed in the browser) and wait
-    (up to ``timeout``) for the worker's ruling in the ledger. ClientError if there is nothing to decide."""
+    """Send a signed decision as it is (the CLI's, or one the reviewer page signed in the browser) and return
+    the worker's ruling (``pending`` after ``timeout``). ClientError if there is nothing to decide.
+
+    Sent as a Temporal Update: the ruling comes back as the Update's result, at once. A decision the Update's
+    validator refuses (malformed, naming no open request) is refused without a trace in the ledger or the
+    history. An Update needs a worker to accept it; if none does within a few seconds (every worker down, or
+    the task opening), the same decision goes as the ``decide`` signal, which Temporal keeps and times by its
+    arrival (a decision sent before a deadline still wins over the timeout), and its ruling is read from the
+    ledger. Both carry one decision id: it is ruled on once.
+    """
     p, events = _task(settings, task_id)
     request_id = str(payload.get("request_id", ""))
     if not rules_on(p, request_id):
         raise ClientError(f"task {task_id} is {p.state.value}: nothing to decide")
     if request_id not in p.requests:
         raise ClientError(f"no request {request_id[:200]!r} in task {task_id}")
-    await send(settings, task_id, payload)
     did = str(payload.get("decision_id", ""))
+    started = time.monotonic()
+    ruled = await ask(settings, task_id, payload, accept_within=min(ACCEPT_SECONDS, timeout), timeout=timeout)
+    if ruled is not None:
+        return ruled
+    await send(settings, task_id, payload)
     rec = recorder(settings)
     try:
-        deadline = time.monotonic() + timeout
+        deadline = started + timeout
         while True:
             new = rec.read_events(task_id, after_seq=events[-1].seq)
             for e in new:
@@ -379,6 +373,126 @@ async def relay(
             await asyncio.sleep(0.1)
     finally:
         rec.dispose()
+
+
+async def ask(
+    settings: Settings, task_id: str, payload: dict[str, Any], *, accept_within: float, timeout: float
+) -> Sent | None:
+    """The decision as a ``decide`` Update: its ruling, or None if no worker accepted it within
+    ``accept_within`` seconds (the caller then sends the signal). A ruling that takes past ``timeout`` is
+    ``pending`` (the Update goes on: its ruling lands in the ledger)."""
+    from workflows.contracts import DECIDE, DecisionRuling, workflow_id
+
+    did = str(payload.get("decision_id", ""))
+    client = await connect(settings)
+    handle = client.get_workflow_handle(workflow_id(task_id))
+    try:
+        update = await handle.start_update(
+            DECIDE,
+            payload,
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            result_type=DecisionRuling,
+            rpc_timeout=timedelta(seconds=accept_within),
+        )
+        told: DecisionRuling = await asyncio.wait_for(update.result(), timeout)
+    except WorkflowUpdateFailedError as e:
+        # The validator's refusal: nothing was recorded, and the reason is the sender's to read.
+        cause = e.cause
+        reason = cause.message if isinstance(cause, ApplicationError) else str(cause or e)
+        if reason.startswith("already resolved: "):
+            return Sent(did, "already resolved", reason.removeprefix("already resolved: "))
+        return Sent(did, "rejected", reason)
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        return None  # no worker took it in time: the signal will
+    except TimeoutError:
+        return Sent(did, "pending", f"no ruling within {timeout:g}s (the worker is busy)")
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise ClientError(f"task {task_id!r} has no running workflow ({e.message})") from None
+        raise ClientError(f"Temporal refused the decision for {handle.id}: {e.message}") from None
+    return Sent(told.decision_id, told.status, told.detail)
+
+
+# ── signed changes to a running task (rules.changes) ───────────────────────────────────────────────────
+
+
+def signed_change(
+    key: ApproverKey,
+    task_id: str,
+    kind: str,
+    *,
+    node: str | None = None,
+    note: str = "",
+    change_id: str | None = None,
+    issued_at: datetime | None = None,
+) -> dict[str, Any]:
+    """A change signed with the approver's private ``key``, issued now (or at ``issued_at``)."""
+    if kind not in {k.value for k in ChangeKind}:
+        raise ClientError(f"change {kind[:40]!r} is not one of {', '.join(k.value for k in ChangeKind)}")
+    cid = change_id or str(uuid.uuid4())
+    issued = issued_now(issued_at or datetime.now(UTC))
+    message = canonical_change(task_id, cid, kind, node, key.approver, key.key_id, issued, note)
+    return {
+        "change_id": cid,
+        "kind": kind,
+        "node": node,
+        "approver": key.approver,
+        "key_id": key.key_id,
+        "note": note,
+        "issued_at": issued,
+        "signature": key.sign(message),
+    }
+
+
+async def change(
+    settings: Settings,
+    key: ApproverKey,
+    task_id: str,
+    kind: str,
+    *,
+    note: str = "",
+    timeout: float = POLL_SECONDS,
+) -> Sent:
+    """Sign a change and send it as the task's ``change`` Update; the ruling, once recorded."""
+    payload = signed_change(key, task_id, kind, note=note)
+    return await send_change(settings, task_id, payload, timeout=timeout)
+
+
+async def send_change(
+    settings: Settings, task_id: str, payload: dict[str, Any], *, timeout: float = POLL_SECONDS
+) -> Sent:
+    """Send a signed change as it is and return its ruling. A change has no signal to fall back on: if no
+    worker accepts it within a few seconds, it is reported ``pending`` and nothing was taken (send it again
+    once a worker runs: the same change id is recorded once)."""
+    from workflows.contracts import CHANGE, DecisionRuling, workflow_id
+
+    cid = str(payload.get("change_id", ""))
+    client = await connect(settings)
+    handle = client.get_workflow_handle(workflow_id(task_id))
+    try:
+        update = await handle.start_update(
+            CHANGE,
+            payload,
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            result_type=DecisionRuling,
+            rpc_timeout=timedelta(seconds=min(ACCEPT_SECONDS, timeout)),
+        )
+        told: DecisionRuling = await asyncio.wait_for(update.result(), timeout)
+    except WorkflowUpdateFailedError as e:
+        cause = e.cause
+        return Sent(
+            cid, "rejected", cause.message if isinstance(cause, ApplicationError) else str(cause or e)
+        )
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        why = f"no worker took the change within {min(ACCEPT_SECONDS, timeout):g}s: nothing was changed"
+        return Sent(cid, "pending", why)
+    except TimeoutError:
+        return Sent(cid, "pending", f"no ruling within {timeout:g}s (the worker is busy)")
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise ClientError(f"task {task_id!r} has no running workflow ({e.message})") from None
+        raise ClientError(f"Temporal refused the change for {handle.id}: {e.message}") from None
+    return Sent(told.decision_id, told.status, told.detail)
 
 
 # ── dead letters ─────────────────────────────────────────────────────────────────────────────────────

@@ -28,6 +28,9 @@ REQUIRED = {
     # v3: a failed task's compensating phase (compensation-v1), a fan-out under backpressure
     "test_an_aborted_task_unpublishes_what_it_published_before_it_is_failed",
     "test_over_capacity_a_fan_out_widens_one_node_per_finished_node",
+    # v4: a decision sent as the decide Update; a person's signed pause and resume (the change Update)
+    "test_a_decision_sent_as_an_update_is_answered_with_its_ruling_and_acted_on",
+    "test_a_paused_task_dispatches_nothing_new_finishes_what_is_in_flight_and_goes_on_after_resume",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 

@@ -1,0 +1,290 @@
+"""People's signed changes to a running task (issue 26 §2): what a change is, what its signer signs, and the
+ruling on it. Pure: the key registry and the verifier are passed in (``rules.people.Keys``).
+
+A change is not an answer to a request (that is a decision, ``rules.people``): a person steers the task on
+their own initiative. It is signed like a decision (Ed25519 over a canonical message with an issued-at time,
+refused outside the decision window), authorised like one (the key's ``kinds`` must allow ``change:<kind>``
+where it lists kinds, its scopes must cover the task, and where the plan names approvers the signer must be
+one), recorded as a ``TaskChange`` event carrying the exact message and signature (the audit re-verifies it),
+and applied by the rules at the loop's next decision (``rules.table``: a paused task dispatches nothing).
+
+Kinds so far: ``pause`` (no new dispatch; work in flight finishes and is recorded; people's requests, their
+deadlines and the time ceiling go on) and ``resume``. Re-route, edit, waive, skip, cancel and restore follow
+the same path (``docs/reviewers.md``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from rules.approvers import refusal
+from rules.envelope import StoredEvent
+from rules.events import ChangeKind, MarkerKind, SystemMarker, TaskChange, parse
+from rules.people import Answer, Keys, Reverified, outside_window, parse_issued_at, unendorsed
+from rules.plan import budget_scopes
+from rules.projection import Projection
+
+CANONICAL_CHANGE_V1: Final = "ledgerflow-change-v1"
+FIELDS: Final = ("change_id", "kind", "node", "approver", "key_id", "note", "issued_at", "signature")
+MAX_NOTE: Final = 2000
+
+_UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_KEY_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_NODE: Final = re.compile(r"[A-Za-z0-9_./-]{1,200}")
+_SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
+_ISSUED_AT: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z")
+# Kinds that name a node (none of today's: pause and resume are the task's).
+_NODE_KINDS: Final[frozenset[ChangeKind]] = frozenset()
+
+
+class Status(StrEnum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+def key_kind(kind: ChangeKind) -> str:
+    """The key kind a change of ``kind`` needs, where a key lists kinds (``ledgerflow keys add --kind``)."""
+    return f"change:{kind.value}"
+
+
+def canonical_change(
+    task_id: str,
+    change_id: str,
+    kind: str,
+    node: str | None,
+    approver: str,
+    key_id: str,
+    issued_at: str,
+    note: str,
+) -> str:
+    """The signed message (UTF-8): a version line, then one field per line, ``note`` last (the only one that
+    may hold newlines), so two different changes never sign the same text. The task id is signed, not sent:
+    a change signed for one task fails verification in every other."""
+    return "\n".join(
+        [CANONICAL_CHANGE_V1, task_id, change_id, kind, node or "", approver, key_id, issued_at, note]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SignedChange:
+    change_id: str
+    kind: ChangeKind
+    node: str | None
+    approver: str
+    key_id: str
+    note: str
+    issued_at: str
+    signature: str
+
+    def message(self, task_id: str) -> str:
+        return canonical_change(
+            task_id, self.change_id, self.kind.value, self.node, self.approver, self.key_id,
+            self.issued_at, self.note,
+        )  # fmt: skip
+
+
+def change_ref(raw: Any) -> str:
+    """The change's id if it carries a well-formed one, else a stand-in naming it as malformed."""
+    if isinstance(raw, dict):
+        cid = raw.get("change_id")
+        if isinstance(cid, str) and _UUID.fullmatch(cid):
+            return cid
+    return "malformed-change"
+
+
+def parse_change(raw: Any) -> SignedChange | str:
+    """The payload as a :class:`SignedChange`, or a one-line reason it is malformed or unsigned."""
+    if not isinstance(raw, dict):
+        return "malformed change: expected a JSON object"
+    unknown = sorted(str(k) for k in raw if k not in FIELDS)
+    if unknown:
+        return f"malformed change: unknown field {unknown[0][:40]!r}"
+    if not raw.get("signature"):
+        return "unsigned change: no signature"
+    shapes = (
+        ("change_id", _UUID, True, "a lowercase UUID"),
+        ("approver", _APPROVER, True, "a valid approver name"),
+        ("key_id", _KEY_ID, True, "a key id"),
+        ("issued_at", _ISSUED_AT, True, "an ISO 8601 UTC time like 2026-12-03T10:00:00.000Z"),
+        ("signature", _SIGNATURE, True, "128 lowercase hex digits (an Ed25519 signature)"),
+        ("node", _NODE, False, "a node id"),
+    )
+    for name, pattern, required, shape in shapes:
+        value = raw.get(name)
+        if value is None:
+            if required:
+                return f"malformed change: {name} is required"
+            continue
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            return f"malformed change: {name} {str(value)[:60]!r} is not {shape}"
+    kind = raw.get("kind")
+    if kind not in {k.value for k in ChangeKind}:
+        kinds = ", ".join(k.value for k in ChangeKind)
+        return f"malformed change: kind {str(kind)[:40]!r} is not one of {kinds}"
+    note = raw.get("note") or ""
+    if not isinstance(note, str) or len(note) > MAX_NOTE:
+        return f"malformed change: note must be text of at most {MAX_NOTE} characters"
+    return SignedChange(
+        change_id=raw["change_id"],
+        kind=ChangeKind(kind),
+        node=raw.get("node"),
+        approver=raw["approver"],
+        key_id=raw["key_id"],
+        note=note,
+        issued_at=raw["issued_at"],
+        signature=raw["signature"],
+    )
+
+
+def applies(p: Projection, change: SignedChange) -> str | None:
+    """Why ``change`` cannot apply to the task as ``p`` has it (None: it can)."""
+    if p.terminal:
+        return f"task {p.task_id} is {p.state.value}: nothing to change"
+    if change.kind in _NODE_KINDS and (change.node is None or change.node not in p.nodes):
+        return f"no node {str(change.node)[:200]!r} in task {p.task_id}"
+    if change.kind not in _NODE_KINDS and change.node is not None:
+        return f"a {change.kind.value} is the task's: it names no node"
+    if change.kind == ChangeKind.PAUSE and p.paused_by is not None:
+        return f"already paused by {p.paused_by}"
+    if change.kind == ChangeKind.RESUME and p.paused_by is None:
+        return "not paused"
+    return None
+
+
+def precheck_change(p: Projection | None, raw: Any) -> str | None:
+    """Why a change cannot be taken at all, judged without I/O (the ``change`` Update's validator): its shape
+    and whether it applies to the task now. The signature and the signer's authority are judged after."""
+    if p is None:
+        return "the task is still opening: send it again in a moment"
+    parsed = parse_change(raw)
+    if isinstance(parsed, str):
+        return parsed
+    if p.changes.get(parsed.change_id) is not None:
+        return None  # the same change again: answered as it stood
+    return applies(p, parsed)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRuling:
+    ref: str
+    event: TaskChange | None = None
+    rejection: str | None = None
+    duplicate: bool = False
+
+    def marker(self) -> SystemMarker:
+        """The audit record of a refusal: ``detail`` is ``"<change id>: <reason>"``."""
+        assert self.rejection is not None
+        return SystemMarker(kind=MarkerKind.REJECTED_INPUT, detail=f"{self.ref}: {self.rejection}"[:2000])
+
+
+def evaluate_change(task_id: str, raw: Any, p: Projection, keys: Keys, received_at: datetime) -> ChangeRuling:
+    """Rule on one raw change against the task's fold ``p`` and the key registry, as of ``received_at``."""
+    ref = change_ref(raw)
+    parsed = parse_change(raw)
+    if isinstance(parsed, str):
+        return ChangeRuling(ref, rejection=parsed)
+    c = parsed
+    if ref in p.changes:
+        return ChangeRuling(ref, duplicate=True)  # recorded already: the same signed change again
+    key = keys.registry.get(c.key_id)
+    if key is None:
+        return ChangeRuling(ref, rejection=f"unknown key {c.key_id!r} (not in the approver key registry)")
+    signed = c.message(task_id)
+    if not keys.verify(key.public_key, signed, c.signature):
+        return ChangeRuling(
+            ref, rejection=f"bad signature for key {c.key_id!r} (forged, altered or signed for another task)"
+        )
+    if (why := unendorsed(key, keys)) is not None:
+        return ChangeRuling(ref, rejection=why)
+    issued = parse_issued_at(c.issued_at)
+    if keys.window is not None and (why := outside_window(issued, received_at, keys.window)) is not None:
+        return ChangeRuling(ref, rejection=why)
+    chain = [s for s, _ in budget_scopes(p.plan, task_id)]
+    why = refusal(
+        key, approver=c.approver, kind=key_kind(c.kind), chain=chain, scope=chain[-1], at=received_at
+    )
+    if why is not None:
+        return ChangeRuling(ref, rejection=why)
+    allowed = p.plan.approval.approvers
+    if allowed and c.approver not in allowed:
+        return ChangeRuling(
+            ref, rejection=f"{c.approver} may not change this task (its approvers: {', '.join(allowed)})"
+        )
+    if (why := applies(p, c)) is not None:
+        return ChangeRuling(ref, rejection=why)
+    event = TaskChange(
+        change_id=c.change_id,
+        kind=c.kind,
+        node=c.node,
+        approver=c.approver,
+        key_id=c.key_id,
+        note=c.note,
+        signed=signed,
+        signature=c.signature,
+        issued_at=issued,
+        received_at=received_at,
+    )
+    return ChangeRuling(ref, event=event)
+
+
+def change_answer(events: Iterable[StoredEvent], p: Projection, raw: Any) -> Answer:
+    """What a change's sender is told once its batch was recorded (``events``: what it recorded)."""
+    ref = change_ref(raw)
+    for stored in events:
+        if stored.type == "TaskChange" and stored.payload.get("change_id") == ref:
+            c = parse(stored)
+            assert isinstance(c, TaskChange)
+            return Answer(ref, Status.ACCEPTED.value, f"{c.kind.value} by {c.approver}")
+        if (
+            stored.type == "SystemMarker"
+            and stored.payload.get("kind") == MarkerKind.REJECTED_INPUT.value
+            and str(stored.payload.get("detail", "")).startswith(f"{ref}: ")
+        ):
+            return Answer(ref, Status.REJECTED.value, str(stored.payload["detail"])[len(ref) + 2 :])
+    recorded = p.changes.get(ref)
+    if recorded is not None:
+        return Answer(ref, Status.ACCEPTED.value, recorded)
+    return Answer(ref, Status.REJECTED.value, "this change was refused before (the ledger holds why)")
+
+
+def reverify_change(task_id: str, stored: StoredEvent, p: Projection, keys: Keys) -> Reverified:
+    """Re-verify one recorded ``TaskChange`` as the worker verified it when it arrived: the stored signature
+    over the stored message, the message saying exactly what the event says, and the key allowed to sign it
+    as of its arrival (``ledgerflow audit``)."""
+    c = parse(stored)
+    assert isinstance(c, TaskChange)
+    who = f"#{stored.seq} {c.kind.value} by {c.approver}"
+    key = keys.registry.get(c.key_id)
+    if key is None:
+        return Reverified(stored.seq, problem=f"{who}: key {c.key_id!r} is not in the approver key registry")
+    if not keys.verify(key.public_key, c.signed, c.signature):
+        return Reverified(stored.seq, problem=f"{who}: its signature does not verify with key {key.key_id}")
+    lines = c.signed.split("\n", 8)
+    issued = lines[7] if len(lines) == 9 else ""
+    try:
+        same_time = parse_issued_at(issued) == c.issued_at
+    except ValueError:
+        same_time = False
+    says = canonical_change(task_id, c.change_id, c.kind.value, c.node, c.approver, c.key_id, issued, c.note)
+    if not same_time or says != c.signed:
+        return Reverified(stored.seq, problem=f"{who}: what was signed is not what the ledger records")
+    if (why := unendorsed(key, keys)) is not None:
+        return Reverified(stored.seq, problem=f"{who}: {why}")
+    if key.added_at is not None and key.added_at > c.received_at:
+        late = f"key {key.key_id} was registered at {key.added_at.isoformat()}, after the change arrived"
+        return Reverified(stored.seq, problem=f"{who}: {late} at {c.received_at.isoformat()}")
+    chain = [scope for scope, _ in budget_scopes(p.plan, task_id)]
+    why = refusal(
+        key, approver=c.approver, kind=key_kind(c.kind), chain=chain, scope=chain[-1], at=c.received_at
+    )
+    if why is not None:
+        return Reverified(stored.seq, problem=f"{who}: {why}")
+    if keys.window is not None and (why := outside_window(c.issued_at, c.received_at, keys.window)):
+        return Reverified(stored.seq, problem=f"{who}: {why}")
+    return Reverified(stored.seq)
