@@ -55,6 +55,9 @@ from rules.plan import REVIEW, Plan, TimeoutPolicy, Value
 from rules.pressure import Reading
 from rules.pricing import PriceBook
 
+# People's notes on a node's decisions: each kept this long, the last few carried by its next requests.
+MAX_NOTE_SHOWN = 500
+NOTES_SHOWN = 3
 # Voids (provably never sent) a node may have per round before they count against its attempts.
 FREE_VOIDS = 3
 # Failures retried automatically (with the error in the next request); any other asks a person (or, for an
@@ -144,6 +147,9 @@ class NodeView:
     rework_findings: tuple[str, ...] = ()
     rework_round: int = 0
     dead_letter: str | None = None  # open or resolved dead-letter request for the current failure
+    # What people said when they decided about this node ("director (resume): use a warmer palette"): the
+    # next attempts' requests carry them (rules.table.request_input), as they carry the review's findings.
+    notes: tuple[str, ...] = ()
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
     # Fixed by the plan: where the node sits, and whether its stage asks a person to approve each output.
     stage: str = ""
@@ -659,6 +665,9 @@ def _apply_human(p: Projection, e: HumanDecision) -> None:
     r.decision = e.decision
     r.decided_by = e.approver
     r.decision_id = e.decision_id
+    node = p.nodes.get(r.request.node) if r.request.node else None
+    if node is not None and e.note.strip():
+        node.notes = (*node.notes, f"{e.approver} ({e.decision.value}): {e.note.strip()[:MAX_NOTE_SHOWN]}")
     if e.decision == HumanDecisionType.ABORT:
         p.aborted_by = e.approver
         return
@@ -844,6 +853,7 @@ def summary(p: Projection) -> dict[str, Any]:
                 "spent": str(n.spent),
                 "in_flight": n.in_flight,
                 "last_error": n.last_failure.error if n.last_failure else None,
+                **({"notes": list(n.notes[-NOTES_SHOWN:])} if n.notes else {}),  # the planner reads them
             }
             for n in p.nodes.values()
         },

@@ -36,7 +36,15 @@ from rules.people import UNDO_REQUEST, context_package
 from rules.plan import REVIEW, Stage, TimeoutPolicy
 from rules.pressure import describe as describe_pressure
 from rules.pressure import width as pressure_width
-from rules.projection import RETRYABLE, CompensationView, FailureInfo, NodeStatus, NodeView, Projection
+from rules.projection import (
+    NOTES_SHOWN,
+    RETRYABLE,
+    CompensationView,
+    FailureInfo,
+    NodeStatus,
+    NodeView,
+    Projection,
+)
 
 _RESUME_OPTIONS: Final = (HumanDecisionType.RESUME, HumanDecisionType.ADD_BUDGET, HumanDecisionType.ABORT)
 
@@ -506,8 +514,9 @@ def _shortfall(p: Projection, stage: Stage, price: Decimal, priced_by: str) -> s
 def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
     """The request for a node's next attempt: the stage's input, its fan-out item, and what went wrong before.
 
-    A rerun carries the reviewer's findings (after a rework rollback) and the previous attempts' errors
-    (docs/design.md#error-context-on-retries), so a content failure is never resent unchanged.
+    A rerun carries the reviewer's findings (after a rework rollback), the previous attempts' errors
+    (docs/design.md#error-context-on-retries) and people's notes on its decisions, so a content failure is
+    never resent unchanged and a person's "why" reaches the attempt it is about.
     """
     spec = p.graph.nodes[n.id]
     request: dict[str, Any] = dict(spec.stage.input)
@@ -522,6 +531,8 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
         feedback["rework_round"] = n.rework_round
     if n.failures:
         feedback["previous_errors"] = _previous_errors(n.failures)
+    if n.notes:  # what the people who decided about it said (resuming its dead letter, approving it …)
+        feedback["people"] = list(n.notes[-NOTES_SHOWN:])
     if feedback:
         request["feedback"] = feedback
     return request
@@ -551,7 +562,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # 2: backpressure (rules.pressure) and compensation (a terminal task's compensating phase).
 # 3: admission at the worst credible cost (rules.pricing: the price book, the stage's observed price).
 # 4: a task a person paused (rules.changes) starts nothing new and waits for its resume.
-RULES_VERSION: Final = 4
+# 5: a node's next request carries what people said when they decided about it (``feedback.people``).
+RULES_VERSION: Final = 5
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),

@@ -28,12 +28,25 @@ from rules.table import RULES_VERSION, decide
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
 
+def _decide_v4(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 4: today's without what table 5 added — people's notes in a node's next request (its requests
+    carried none). Exact: a node with no notes is asked the same under both."""
+    notes = {n.id: n.notes for n in p.nodes.values() if n.notes}
+    for node_id in notes:
+        p.nodes[node_id].notes = ()
+    try:
+        return decide(p, now)
+    finally:
+        for node_id, kept in notes.items():
+            p.nodes[node_id].notes = kept
+
+
 def _decide_v3(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """Table 3: today's without what table 4 added — a person's pause (no task could be paused then).
     Exact: a task never paused decides the same under both."""
     paused, p.paused_by = p.paused_by, None
     try:
-        return decide(p, now)
+        return _decide_v4(p, now)
     finally:
         p.paused_by = paused
 
@@ -63,7 +76,13 @@ def _decide_v1(p: Projection, now: datetime) -> tuple[str, Action] | None:
 
 
 # version -> that table's ``decide``. Today's table is always here under today's version.
-_TABLES: Final[dict[int, Decide]] = {1: _decide_v1, 2: _decide_v2, 3: _decide_v3, RULES_VERSION: decide}
+_TABLES: Final[dict[int, Decide]] = {
+    1: _decide_v1,
+    2: _decide_v2,
+    3: _decide_v3,
+    4: _decide_v4,
+    RULES_VERSION: decide,
+}
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block
 
 
