@@ -833,6 +833,30 @@ def backoff(attempt: int, key: str | None = None) -> timedelta:
     return timedelta(seconds=base * (1 + 0.5 * key_fraction(key)))
 
 
+def node_state(p: Projection, n: NodeView) -> NodeStatus:
+    """What a node is doing now, as a person reads it (``status`` in the summary is what the rules read):
+
+    ``leased`` its attempt's INTENT is recorded and the vendor has not yet taken it; ``running`` the vendor
+    has (a job id); ``waiting_human`` a request about it is open (its approval, its dead letter);
+    ``compensating`` its output is being undone; ``cancelled`` the task ended before it finished; else
+    ``pending``, ``succeeded``, ``failed`` or ``stale`` (an output whose inputs changed)."""
+    if any(c.node == n.id and c.in_flight for c in p.compensations.values()):
+        return NodeStatus.COMPENSATING
+    if n.status == NodeStatus.STALE:
+        return NodeStatus.STALE
+    # A request still answerable (a terminal task rules only on an undo waiting for budget: rules.people).
+    if any(
+        r.open and r.request.node == n.id and (not p.terminal or rid.startswith("undo:"))
+        for rid, r in p.requests.items()
+    ):
+        return NodeStatus.WAITING_HUMAN
+    if n.in_flight:
+        return NodeStatus.RUNNING if n.job_id is not None else NodeStatus.LEASED
+    if n.status in (NodeStatus.SUCCEEDED, NodeStatus.FAILED):
+        return n.status
+    return NodeStatus.CANCELLED if p.terminal else NodeStatus.PENDING
+
+
 def summary(p: Projection) -> dict[str, Any]:
     """A JSON-safe status summary (what the workflow's status query and the CLI show)."""
     return {
@@ -849,6 +873,7 @@ def summary(p: Projection) -> dict[str, Any]:
         "nodes": {
             n.id: {
                 "status": n.status.value,
+                "state": node_state(p, n).value,
                 "attempts": n.attempts,
                 "spent": str(n.spent),
                 "in_flight": n.in_flight,

@@ -376,7 +376,9 @@ class TaskWorkflow:
         finished = len(p.nodes) - sum(p.unfinished.values())
         workflow.set_current_details(
             f"{p.state.value}: {finished}/{len(p.nodes)} nodes, {done}/{len(p.unfinished)} stages done,"
-            f" spent {p.spent} of {p.ceiling}" + (", waiting for a person" if waiting else "")
+            f" spent {p.spent} of {p.ceiling}"
+            + (", waiting for a person" if waiting else "")
+            + (f", paused by {p.paused_by}" if p.paused_by is not None else "")
         )
         told = (p.state, verdict, waiting, done)
         if told == self._told or not workflow.patched(UI_STORY):

@@ -24,6 +24,20 @@ def stage_rows(summary: dict[str, Any]) -> list[tuple[str, int, int, int, Decima
     return [tuple(r) for r in rows.values()]
 
 
+def stage_states(summary: dict[str, Any]) -> dict[str, str]:
+    """Per stage, its nodes' states in plain words ("2 running, 1 waiting for a person")."""
+    words = {"waiting_human": "waiting for a person", "leased": "about to start"}
+    counts: dict[str, dict[str, int]] = {}
+    for node_id, node in summary["nodes"].items():
+        state = node.get("state", node["status"])
+        per = counts.setdefault(node_id.split("/", 1)[0], {})
+        per[state] = per.get(state, 0) + 1
+    return {
+        stage: ", ".join(f"{n} {words.get(state, state)}" for state, n in per.items())
+        for stage, per in counts.items()
+    }
+
+
 def status_table(summary: dict[str, Any]) -> Table:
     if "nodes" not in summary:  # the workflow has not opened the task in the ledger yet
         return Table(title=f"task {summary.get('task_id')} — {summary.get('state')}", title_justify="left")
@@ -31,11 +45,14 @@ def status_table(summary: dict[str, Any]) -> Table:
         f"task {summary['task_id']} — {summary['state']} — spent {summary['spent']} "
         f"(reserved {summary['reserved']}) of {summary['ceiling']}"
     )
+    if summary.get("paused_by"):
+        title += f" — paused by {summary['paused_by']}"
     table = Table(title=title, title_justify="left")
-    for col in ("stage", "nodes", "done", "attempts", "cost"):
-        table.add_column(col, justify="left" if col == "stage" else "right")
+    for col in ("stage", "nodes", "done", "attempts", "cost", "now"):
+        table.add_column(col, justify="left" if col in ("stage", "now") else "right")
+    states = stage_states(summary)
     for stage, nodes, done, attempts, cost in stage_rows(summary):
-        table.add_row(stage, str(nodes), str(done), str(attempts), str(cost))
+        table.add_row(stage, str(nodes), str(done), str(attempts), str(cost), states.get(stage, ""))
     for r in summary.get("open_requests", []):
         table.add_row(f"[yellow]waiting: {r['id']}[/yellow]", "", "", "", r.get("deadline") or "")
     return table
