@@ -25,7 +25,7 @@ from temporalio.client import Client
 from activities.contracts import Activity, ArrivalsInput, Received, RecordChangesInput, RecordDecisionsInput
 from ledger.recorder import Recorder
 from rules.approvers import KeyRecord
-from rules.changes import evaluate_change
+from rules.changes import evaluate_change, recovery
 from rules.envelope import StoredEvent
 from rules.events import to_new
 from rules.keys import change_key, rejected_key, resolution_key
@@ -152,6 +152,14 @@ class PeopleActivities:
                     self.recorder.append_idempotent(task_id, marker)
                 for e in self.recorder.read_events(task_id, after_seq=p.watermark):
                     apply(p, e)  # the next change of the batch is ruled on what this one left
+                # An edit of a dead-lettered node resolves its dead letter (idempotent: a batch retried after
+                # the change was recorded but before this was still records it once).
+                if (found := recovery(p, received.decision)) is not None:
+                    rid, resolved = found
+                    key = resolution_key(task_id, rid)
+                    self.recorder.append_idempotent(task_id, to_new(resolved, dedup_key=key))
+                    for e in self.recorder.read_events(task_id, after_seq=p.watermark):
+                        apply(p, e)
         return self.recorder.read_events(task_id, after_seq=inp.after)
 
     @activity.defn(name=Activity.PEOPLE_ARRIVALS)

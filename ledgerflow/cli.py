@@ -775,19 +775,41 @@ def decide(
         raise typer.Exit(1)
 
 
+def _fields(pairs: list[str]) -> dict[str, Any]:
+    """``FIELD=VALUE`` pairs as request fields: a VALUE that parses as JSON is that, else the text itself."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name.strip():
+            raise ClientError(f"--set {pair[:60]!r} is not FIELD=VALUE")
+        try:
+            out[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name.strip()] = value
+    return out
+
+
 @app.command()
 @friendly
 def change(
-    kind: Annotated[str, typer.Argument(help="pause | resume")],
+    kind: Annotated[str, typer.Argument(help="pause | resume | edit")],
     task_id: Annotated[str, typer.Argument(help="TASK_ID")],
     key_file: KeyFileOption = None,
     approver: AsOption = None,
+    node: Annotated[str | None, typer.Option("--node", help="edit: the node whose request changes")] = None,
+    fields: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="edit: FIELD=VALUE (repeat; VALUE as JSON, else as text)"),
+    ] = None,
     note: NoteOption = "",
 ) -> None:
     """Sign and send a change to a running task, then print its ruling: exit 0 accepted, 1 otherwise.
 
-    pause: nothing new is dispatched (work in flight finishes and is recorded); resume: it goes on."""
+    pause: nothing new is dispatched (work in flight finishes and is recorded); resume: it goes on; edit:
+    --node N --set prompt="…": its next attempt asks that (its open dead letter is resolved)."""
     from ledgerflow.views import people
+
+    edit = _fields(fields) if fields else None
 
     if approver is not None and key_file is None:
         from ledgerflow.client import stack_dev
@@ -795,7 +817,7 @@ def change(
         key = people.approver_key(stack_dev(get_settings()), key_file, approver)
     else:
         key = people.approver_key(get_settings(), key_file, approver)
-    sent = asyncio.run(people.change(get_settings(), key, task_id, kind, note=note))
+    sent = asyncio.run(people.change(get_settings(), key, task_id, kind, node=node, edit=edit, note=note))
     (out if sent.status == "accepted" else err).print(sent.line, highlight=False, soft_wrap=True)
     if sent.status != "accepted":
         raise typer.Exit(1)

@@ -9,12 +9,15 @@ one), recorded as a ``TaskChange`` event carrying the exact message and signatur
 and applied by the rules at the loop's next decision (``rules.table``: a paused task dispatches nothing).
 
 Kinds so far: ``pause`` (no new dispatch; work in flight finishes and is recorded; people's requests, their
-deadlines and the time ceiling go on) and ``resume``. Re-route, edit, waive, skip, cancel and restore follow
-the same path (``docs/reviewers.md``).
+deadlines and the time ceiling go on), ``resume``, and ``edit`` (a node not running and not succeeded is asked
+again with the fields it sets — the dead-letter recovery: its open dead letter is resolved by a
+``PartialResolution`` naming who changed what). Re-route, waive, skip, cancel and restore follow the same path
+(``docs/reviewers.md``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,14 +27,29 @@ from typing import Any, Final
 
 from rules.approvers import refusal
 from rules.envelope import StoredEvent
-from rules.events import ChangeKind, MarkerKind, SystemMarker, TaskChange, parse
+from rules.events import ChangeKind, MarkerKind, PartialResolution, SystemMarker, TaskChange, parse
+from rules.inputs import ref_paths
 from rules.people import Answer, Keys, Reverified, outside_window, parse_issued_at, unendorsed
 from rules.plan import budget_scopes
-from rules.projection import Projection
+from rules.projection import NodeStatus, Projection
 
 CANONICAL_CHANGE_V1: Final = "ledgerflow-change-v1"
-FIELDS: Final = ("change_id", "kind", "node", "approver", "key_id", "note", "issued_at", "signature")
+FIELDS: Final = (
+    "change_id",
+    "kind",
+    "node",
+    "input",
+    "approver",
+    "key_id",
+    "note",
+    "issued_at",
+    "signature",
+)
 MAX_NOTE: Final = 2000
+MAX_EDIT_BYTES: Final = 16_000  # an edit's fields, as canonical JSON
+MAX_EDIT_FIELDS: Final = 20
+# Request fields an edit may not set: what the rules make (inputs, the fan-out item, the feedback).
+RESERVED_FIELDS: Final = frozenset({"inputs", "item", "feedback"})
 
 _UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -39,8 +57,8 @@ _KEY_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _NODE: Final = re.compile(r"[A-Za-z0-9_./-]{1,200}")
 _SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
 _ISSUED_AT: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z")
-# Kinds that name a node (none of today's: pause and resume are the task's).
-_NODE_KINDS: Final[frozenset[ChangeKind]] = frozenset()
+# Kinds that name a node (pause and resume are the task's).
+_NODE_KINDS: Final[frozenset[ChangeKind]] = frozenset({ChangeKind.EDIT})
 
 
 class Status(StrEnum):
@@ -58,17 +76,25 @@ def canonical_change(
     change_id: str,
     kind: str,
     node: str | None,
+    edit: dict[str, Any] | None,
     approver: str,
     key_id: str,
     issued_at: str,
     note: str,
 ) -> str:
-    """The signed message (UTF-8): a version line, then one field per line, ``note`` last (the only one that
-    may hold newlines), so two different changes never sign the same text. The task id is signed, not sent:
-    a change signed for one task fails verification in every other."""
-    return "\n".join(
-        [CANONICAL_CHANGE_V1, task_id, change_id, kind, node or "", approver, key_id, issued_at, note]
-    )
+    """The signed message (UTF-8): a version line, then one field per line — an edit's fields as canonical
+    JSON (sorted keys, no spaces, ASCII) — and ``note`` last (the only one that may hold newlines), so two
+    different changes never sign the same text. The task id is signed, not sent: a change signed for one task
+    fails verification in every other."""
+    fields = [task_id, change_id, kind, node or "", canonical_json(edit), approver, key_id, issued_at, note]
+    return "\n".join([CANONICAL_CHANGE_V1, *fields])
+
+
+def canonical_json(value: dict[str, Any] | None) -> str:
+    """An edit's fields as the signed message holds them ("" for none)."""
+    if value is None:
+        return ""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +102,7 @@ class SignedChange:
     change_id: str
     kind: ChangeKind
     node: str | None
+    edit: dict[str, Any] | None
     approver: str
     key_id: str
     note: str
@@ -84,7 +111,7 @@ class SignedChange:
 
     def message(self, task_id: str) -> str:
         return canonical_change(
-            task_id, self.change_id, self.kind.value, self.node, self.approver, self.key_id,
+            task_id, self.change_id, self.kind.value, self.node, self.edit, self.approver, self.key_id,
             self.issued_at, self.note,
         )  # fmt: skip
 
@@ -130,16 +157,46 @@ def parse_change(raw: Any) -> SignedChange | str:
     note = raw.get("note") or ""
     if not isinstance(note, str) or len(note) > MAX_NOTE:
         return f"malformed change: note must be text of at most {MAX_NOTE} characters"
+    edit = raw.get("input")
+    if kind == ChangeKind.EDIT.value:
+        if (why := _edit_problem(edit)) is not None:
+            return f"malformed change: {why}"
+    elif edit is not None:
+        return f"malformed change: only an edit sets input, not a {kind}"
     return SignedChange(
         change_id=raw["change_id"],
         kind=ChangeKind(kind),
         node=raw.get("node"),
+        edit=edit,
         approver=raw["approver"],
         key_id=raw["key_id"],
         note=note,
         issued_at=raw["issued_at"],
         signature=raw["signature"],
     )
+
+
+def _edit_problem(edit: Any) -> str | None:
+    """Why an edit's fields cannot be a node's request fields (None: they can)."""
+    if not isinstance(edit, dict) or not edit:
+        return "an edit sets input: a JSON object of the request fields it changes"
+    if len(edit) > MAX_EDIT_FIELDS:
+        return f"an edit sets at most {MAX_EDIT_FIELDS} fields"
+    reserved = sorted(k for k in edit if k in RESERVED_FIELDS)
+    if reserved:
+        return f"input.{reserved[0]} is made by the rules, not edited"
+    try:
+        size = len(canonical_json(edit))
+    except (TypeError, ValueError, RecursionError):
+        return "input is not plain JSON"
+    if size > MAX_EDIT_BYTES:
+        return f"input is {size} bytes as JSON, more than {MAX_EDIT_BYTES}"
+    path = next((path for path, _ in ref_paths(edit, "input")), None)
+    if path is not None:
+        return (
+            f"{path} is an artifact reference (uri and sha256): a node receives artifacts only through inputs"
+        )
+    return None
 
 
 def applies(p: Projection, change: SignedChange) -> str | None:
@@ -154,6 +211,15 @@ def applies(p: Projection, change: SignedChange) -> str | None:
         return f"already paused by {p.paused_by}"
     if change.kind == ChangeKind.RESUME and p.paused_by is None:
         return "not paused"
+    if change.kind == ChangeKind.EDIT:
+        assert change.node is not None
+        n = p.nodes[change.node]
+        if n.in_flight:
+            return f"node {change.node} is running: wait for its result (or pause the task) to edit it"
+        if n.status == NodeStatus.SUCCEEDED:
+            return (
+                f"node {change.node} already succeeded: its output stands (a rework or a restore redoes it)"
+            )
     return None
 
 
@@ -222,6 +288,7 @@ def evaluate_change(task_id: str, raw: Any, p: Projection, keys: Keys, received_
         change_id=c.change_id,
         kind=c.kind,
         node=c.node,
+        input=c.edit,
         approver=c.approver,
         key_id=c.key_id,
         note=c.note,
@@ -231,6 +298,24 @@ def evaluate_change(task_id: str, raw: Any, p: Projection, keys: Keys, received_
         received_at=received_at,
     )
     return ChangeRuling(ref, event=event)
+
+
+def recovery(p: Projection, raw: Any) -> tuple[str, PartialResolution] | None:
+    """For an edit of a node whose dead letter is open: (the request's id, the ``PartialResolution`` that
+    resolves it, naming who changed what and why) — recorded under the request's resolution key, so the
+    edit, a person's decision or the timeout resolves it, whichever is first. None for anything else."""
+    parsed = parse_change(raw)
+    if isinstance(parsed, str) or parsed.kind != ChangeKind.EDIT or parsed.node not in p.nodes:
+        return None
+    if parsed.change_id not in p.changes:
+        return None  # not recorded (refused): it resolves nothing
+    rid = p.nodes[parsed.node].dead_letter
+    request = p.requests.get(rid) if rid else None
+    if rid is None or request is None or not request.open:
+        return None
+    fields = ", ".join(sorted(parsed.edit or {}))
+    resolution = f"request edited ({fields}) by {parsed.approver}"
+    return rid, PartialResolution(node=parsed.node, resolution=resolution, note=parsed.note[:2000])
 
 
 def change_answer(events: Iterable[StoredEvent], p: Projection, raw: Any) -> Answer:
@@ -265,13 +350,15 @@ def reverify_change(task_id: str, stored: StoredEvent, p: Projection, keys: Keys
         return Reverified(stored.seq, problem=f"{who}: key {c.key_id!r} is not in the approver key registry")
     if not keys.verify(key.public_key, c.signed, c.signature):
         return Reverified(stored.seq, problem=f"{who}: its signature does not verify with key {key.key_id}")
-    lines = c.signed.split("\n", 8)
-    issued = lines[7] if len(lines) == 9 else ""
+    lines = c.signed.split("\n", 9)
+    issued = lines[8] if len(lines) == 10 else ""
     try:
         same_time = parse_issued_at(issued) == c.issued_at
     except ValueError:
         same_time = False
-    says = canonical_change(task_id, c.change_id, c.kind.value, c.node, c.approver, c.key_id, issued, c.note)
+    says = canonical_change(
+        task_id, c.change_id, c.kind.value, c.node, c.input, c.approver, c.key_id, issued, c.note
+    )
     if not same_time or says != c.signed:
         return Reverified(stored.seq, problem=f"{who}: what was signed is not what the ledger records")
     if (why := unendorsed(key, keys)) is not None:

@@ -283,6 +283,7 @@ class ChangeKind(StrEnum):
 
     PAUSE = "pause"  # no new dispatch; work in flight finishes and is recorded
     RESUME = "resume"
+    EDIT = "edit"  # a node's request fields, set: its next attempt asks that (its dead letter resolved)
 
 
 class TaskChange(_Event):
@@ -294,10 +295,11 @@ class TaskChange(_Event):
     change_id: str
     kind: ChangeKind
     node: str | None = None
+    input: dict[str, Any] | None = None  # an edit: the request fields it sets
     approver: str
     key_id: str
     note: str = Field(default="", max_length=2000)
-    signed: str = Field(max_length=8000)
+    signed: str = Field(max_length=32000)
     signature: str
     issued_at: datetime
     received_at: datetime

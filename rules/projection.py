@@ -150,6 +150,8 @@ class NodeView:
     # What people said when they decided about this node ("director (resume): use a warmer palette"): the
     # next attempts' requests carry them (rules.table.request_input), as they carry the review's findings.
     notes: tuple[str, ...] = ()
+    # Request fields a person set by a signed edit (rules.changes): its next attempts ask with them.
+    edits: dict[str, Any] = field(default_factory=dict)
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
     # Fixed by the plan: where the node sits, and whether its stage asks a person to approve each output.
     stage: str = ""
@@ -505,8 +507,15 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             if p.review is not None and _answers_review(p, request):
                 p.review.handled = True
         case PartialResolution():
+            # A person resolved the node's dead letter outside a decision (an edit, rules.changes): recorded
+            # under the request's resolution key, so it, a decision or the timeout resolves it, first wins.
             node = p.nodes.get(event.node)
-            if node is not None:
+            request = p.requests.get(node.dead_letter) if node is not None and node.dead_letter else None
+            if request is not None and request.open:
+                request.decision = HumanDecisionType.RESUME
+                request.decided_by = event.resolution.partition(" by ")[2] or "a person"
+                _grant(p, request, HumanDecisionType.RESUME)
+            elif node is not None:
                 node.dead_letter = None
         case _:
             assert_never(event)
@@ -656,6 +665,11 @@ def _apply_change(p: Projection, e: TaskChange) -> None:
         p.paused_by = e.approver
     elif e.kind == ChangeKind.RESUME:
         p.paused_by = None
+    elif e.kind == ChangeKind.EDIT and e.node in p.nodes and e.input:
+        node = p.nodes[e.node]
+        node.edits = {**node.edits, **e.input}
+        if e.note.strip():
+            node.notes = (*node.notes, f"{e.approver} (edit): {e.note.strip()[:MAX_NOTE_SHOWN]}")
 
 
 def _apply_human(p: Projection, e: HumanDecision) -> None:

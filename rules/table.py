@@ -519,7 +519,7 @@ def request_input(p: Projection, n: NodeView) -> dict[str, Any]:
     never resent unchanged and a person's "why" reaches the attempt it is about.
     """
     spec = p.graph.nodes[n.id]
-    request: dict[str, Any] = dict(spec.stage.input)
+    request: dict[str, Any] = {**spec.stage.input, **n.edits}  # a person's signed edit over the plan's
     if spec.item is not None:
         request["item"] = spec.item
     inputs = {name: _refs(p, src) for name, src in sources(p.graph, spec).items()}
@@ -563,7 +563,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # 3: admission at the worst credible cost (rules.pricing: the price book, the stage's observed price).
 # 4: a task a person paused (rules.changes) starts nothing new and waits for its resume.
 # 5: a node's next request carries what people said when they decided about it (``feedback.people``).
-RULES_VERSION: Final = 5
+# 6: a node's request carries the fields a person's signed edit set (rules.changes).
+RULES_VERSION: Final = 6
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),

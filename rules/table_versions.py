@@ -28,6 +28,19 @@ from rules.table import RULES_VERSION, decide
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
 
+def _decide_v5(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 5: today's without what table 6 added — a person's edits in a node's request (no edit could be
+    made then). Exact: a node never edited is asked the same under both."""
+    edits = {n.id: n.edits for n in p.nodes.values() if n.edits}
+    for node_id in edits:
+        p.nodes[node_id].edits = {}
+    try:
+        return decide(p, now)
+    finally:
+        for node_id, kept in edits.items():
+            p.nodes[node_id].edits = kept
+
+
 def _decide_v4(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """Table 4: today's without what table 5 added — people's notes in a node's next request (its requests
     carried none). Exact: a node with no notes is asked the same under both."""
@@ -35,7 +48,7 @@ def _decide_v4(p: Projection, now: datetime) -> tuple[str, Action] | None:
     for node_id in notes:
         p.nodes[node_id].notes = ()
     try:
-        return decide(p, now)
+        return _decide_v5(p, now)
     finally:
         for node_id, kept in notes.items():
             p.nodes[node_id].notes = kept
@@ -81,6 +94,7 @@ _TABLES: Final[dict[int, Decide]] = {
     2: _decide_v2,
     3: _decide_v3,
     4: _decide_v4,
+    5: _decide_v5,
     RULES_VERSION: decide,
 }
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block

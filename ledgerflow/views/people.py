@@ -422,20 +422,23 @@ def signed_change(
     kind: str,
     *,
     node: str | None = None,
+    edit: dict[str, Any] | None = None,
     note: str = "",
     change_id: str | None = None,
     issued_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """A change signed with the approver's private ``key``, issued now (or at ``issued_at``)."""
+    """A change signed with the approver's private ``key``, issued now (or at ``issued_at``); an ``edit``
+    names its ``node`` and the request fields it sets."""
     if kind not in {k.value for k in ChangeKind}:
         raise ClientError(f"change {kind[:40]!r} is not one of {', '.join(k.value for k in ChangeKind)}")
     cid = change_id or str(uuid.uuid4())
     issued = issued_now(issued_at or datetime.now(UTC))
-    message = canonical_change(task_id, cid, kind, node, key.approver, key.key_id, issued, note)
+    message = canonical_change(task_id, cid, kind, node, edit, key.approver, key.key_id, issued, note)
     return {
         "change_id": cid,
         "kind": kind,
         "node": node,
+        "input": edit,
         "approver": key.approver,
         "key_id": key.key_id,
         "note": note,
@@ -450,11 +453,13 @@ async def change(
     task_id: str,
     kind: str,
     *,
+    node: str | None = None,
+    edit: dict[str, Any] | None = None,
     note: str = "",
     timeout: float = POLL_SECONDS,
 ) -> Sent:
     """Sign a change and send it as the task's ``change`` Update; the ruling, once recorded."""
-    payload = signed_change(key, task_id, kind, note=note)
+    payload = signed_change(key, task_id, kind, node=node, edit=edit, note=note)
     return await send_change(settings, task_id, payload, timeout=timeout)
 
 

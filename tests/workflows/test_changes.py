@@ -14,7 +14,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from peoplekit import cli
+import pytest
+from peoplekit import cli, wait_open
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
@@ -134,6 +136,10 @@ async def test_a_forged_unauthorised_or_replayed_change_is_refused_on_record_and
     outsider = change(plan.task_id, "pause", "editor")  # a registered key, not one of the plan's approvers
     told = await handle.execute_update(CHANGE, outsider, result_type=DecisionRuling)
     assert told.status == "rejected" and "editor may not change this task" in told.detail, told
+    running = change(plan.task_id, "edit", node="first", edit={"prompt": "something else"})
+    with pytest.raises(WorkflowUpdateFailedError) as refused:  # judged before anything is recorded
+        await handle.execute_update(CHANGE, running, result_type=DecisionRuling)
+    assert "node first is running" in str(refused.value.cause)
     replayed = change(plan.task_id, "pause", issued_at=datetime.now(UTC) - timedelta(hours=1))
     told = await handle.execute_update(CHANGE, replayed, result_type=DecisionRuling)
     assert told.status == "rejected" and "outside the" in told.detail, told
@@ -187,3 +193,74 @@ async def test_the_cli_pauses_and_resumes_a_task_and_refuses_a_second_pause_in_o
     code, out, _ = await cli(lf, tmp_path, "change", "resume", plan.task_id, "--as", "producer")
     assert (code, out.strip()) == (0, "accepted (resume by producer)")
     assert (await handle.result()).state == "Completed"
+
+
+# ── edit: the dead-letter recovery ────────────────────────────────────────────────────────────────────────
+REFUSED_SHOT = """
+goal: a keyframe the vendor refuses until a person edits its prompt
+budget_ceiling: 10
+approval: {timeout: 1h, policy: escalate}
+stages:
+  - id: shot
+    executor: image.keyframe
+    estimate: 1
+    retries: 0
+    input: {prompt: a storm at sea, format: png}
+"""
+
+
+async def test_an_edit_resolves_a_dead_letter_and_the_node_runs_again_with_the_edited_request(
+    lf, sim, tmp_path
+):
+    await sim.configure(executors={"image.keyframe": {"reject_content": 1.0}})
+    plan = lf.plan(REFUSED_SHOT)
+    handle = await lf.start(plan)
+    rid = await wait_open(lf, plan.task_id, "dead_letter:")
+    # A running node cannot be edited, nor a field the rules make, nor an artifact reference smuggled in.
+    for edit, why in (
+        ({"inputs": {}}, "input.inputs is made by the rules"),
+        ({"style": {"uri": "file:///etc/passwd", "sha256": "0" * 64}}, "is an artifact reference"),
+    ):
+        refused = await people.send_change(
+            lf.settings, plan.task_id, change(plan.task_id, "edit", node="shot", edit=edit), timeout=10
+        )
+        assert refused.status == "rejected" and why in refused.detail, refused
+    await sim.configure()  # the vendor takes the edited request
+    code, out, err = await cli(
+        lf,
+        tmp_path,
+        "change",
+        "edit",
+        plan.task_id,
+        "--node",
+        "shot",
+        "--set",
+        "prompt=a calm evening at sea",
+        "--note",
+        "the filter trips on 'storm'",
+        "--as",
+        "director",
+    )
+    assert (code, out.strip()) == (0, "accepted (edit by director)"), err
+    result = await handle.result()
+    assert result.state == "Completed", result.summary
+    events = lf.recorder.read_events(plan.task_id)
+    shots = [
+        parse(e).action
+        for e in events
+        if e.type == "Intent"
+        and e.payload["action"].get("node") == "shot"
+        and e.payload["action"]["kind"] == "Dispatch"
+    ]
+    assert [s.input["prompt"] for s in shots] == ["a storm at sea", "a calm evening at sea"]
+    assert shots[1].input["feedback"]["people"] == ["director (edit): the filter trips on 'storm'"]
+    [resolved] = [parse(e) for e in events if e.type == "PartialResolution"]
+    assert (resolved.node, resolved.resolution) == ("shot", "request edited (prompt) by director")
+    assert resolved.note == "the filter trips on 'storm'"
+    view = fold(events).requests[rid]
+    assert (view.decision.value, view.decided_by) == ("resume", "director"), (
+        "the edit resolved the dead letter"
+    )
+    assert recompute(events) == [], "every decision recomputes (table 6 for the edited dispatch)"
+    keys = Keys(lf.recorder.key_registry(), verify, lf.settings.decision_window)
+    assert audit_signatures(plan.task_id, events, keys, None).problems == ()
