@@ -40,9 +40,11 @@ from rules.people import (
     refused_refs,
     resolutions,
 )
+from rules.pricing import RoutePrice
 from rules.projection import Projection, apply, fold
-from runtime.settings import Settings
+from runtime.settings import ConfigError, Settings
 from runtime.signing import demo_public_keys, verify
+from vendors.routes import deployment_table
 
 DEMO_REFUSED = "a demo key: refused outside dev mode (LEDGERFLOW_ENV=dev)"
 
@@ -133,6 +135,16 @@ class PeopleActivities:
         # resolution stands; this one is refused and its sender told by whom.
         return conflict(task_id, received.decision, stored)
 
+    def route_prices(self) -> dict[str, RoutePrice]:
+        """The deployment's routes and their declared prices, as of now (a re-route names one and is re-quoted
+        at its price; the bound is recorded with the change, so the audit never needs today's route file)."""
+        try:
+            table = deployment_table(self.settings)
+        except ConfigError as e:  # an unusable route file refuses re-routes; it must not stall the task
+            activity.logger.warning("route file unusable, re-routes refused: %s", e)
+            return {}
+        return {name: table.prices(name)[0] for name in table.routes}
+
     @activity.defn(name=Activity.PEOPLE_RECORD_CHANGES)
     def record_changes(self, inp: RecordChangesInput) -> list[StoredEvent]:
         """Rule on each signed change of the batch in order (``rules.changes``), record each ruling — the
@@ -142,8 +154,9 @@ class PeopleActivities:
         if events:
             keys = self.keys()
             p = fold(events)
+            routes = self.route_prices()
             for received in inp.changes:
-                ruling = evaluate_change(task_id, received.decision, p, keys, received.received_at)
+                ruling = evaluate_change(task_id, received.decision, p, keys, received.received_at, routes)
                 if ruling.event is not None:
                     key = change_key(task_id, ruling.ref)
                     self.recorder.append_idempotent(task_id, to_new(ruling.event, dedup_key=key))

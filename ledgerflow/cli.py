@@ -792,7 +792,7 @@ def _fields(pairs: list[str]) -> dict[str, Any]:
 @app.command()
 @friendly
 def change(
-    kind: Annotated[str, typer.Argument(help="pause | resume | edit")],
+    kind: Annotated[str, typer.Argument(help="pause | resume | edit | reroute")],
     task_id: Annotated[str, typer.Argument(help="TASK_ID")],
     key_file: KeyFileOption = None,
     approver: AsOption = None,
@@ -801,15 +801,17 @@ def change(
         list[str] | None,
         typer.Option("--set", help="edit: FIELD=VALUE (repeat; VALUE as JSON, else as text)"),
     ] = None,
+    route: Annotated[str | None, typer.Option("--route", help="reroute: the route to send it to")] = None,
     note: NoteOption = "",
 ) -> None:
     """Sign and send a change to a running task, then print its ruling: exit 0 accepted, 1 otherwise.
 
     pause: nothing new is dispatched (work in flight finishes and is recorded); resume: it goes on; edit:
-    --node N --set prompt="…": its next attempt asks that (its open dead letter is resolved)."""
+    --node N --set prompt="…": its next attempt asks that (its open dead letter is resolved); reroute: --node
+    N_OR_STAGE --route R: their next attempts go to route R, re-quoted at its price."""
     from ledgerflow.views import people
 
-    edit = _fields(fields) if fields else None
+    edit = _fields(fields) if fields else ({"route": route} if route is not None else None)
 
     if approver is not None and key_file is None:
         from ledgerflow.client import stack_dev

@@ -11,7 +11,8 @@ and applied by the rules at the loop's next decision (``rules.table``: a paused 
 Kinds so far: ``pause`` (no new dispatch; work in flight finishes and is recorded; people's requests, their
 deadlines and the time ceiling go on), ``resume``, and ``edit`` (a node not running and not succeeded is asked
 again with the fields it sets — the dead-letter recovery: its open dead letter is resolved by a
-``PartialResolution`` naming who changed what). Re-route, waive, skip, cancel and restore follow the same path
+``PartialResolution`` naming who changed what), and ``reroute`` (a node's or a stage's next attempts go to
+another route, re-quoted at its declared price first). Waive, skip, cancel and restore follow the same path
 (``docs/reviewers.md``).
 """
 
@@ -19,18 +20,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Final
 
+from rules.admission import headroom, node_price
 from rules.approvers import refusal
 from rules.envelope import StoredEvent
 from rules.events import ChangeKind, MarkerKind, PartialResolution, SystemMarker, TaskChange, parse
 from rules.inputs import ref_paths
 from rules.people import Answer, Keys, Reverified, outside_window, parse_issued_at, unendorsed
 from rules.plan import budget_scopes
+from rules.pricing import RoutePrice, declared_bound
 from rules.projection import NodeStatus, Projection
 
 CANONICAL_CHANGE_V1: Final = "ledgerflow-change-v1"
@@ -55,10 +59,11 @@ _UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9
 _APPROVER: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KEY_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _NODE: Final = re.compile(r"[A-Za-z0-9_./-]{1,200}")
+_ROUTE: Final = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
 _ISSUED_AT: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z")
 # Kinds that name a node (pause and resume are the task's).
-_NODE_KINDS: Final[frozenset[ChangeKind]] = frozenset({ChangeKind.EDIT})
+_NODE_KINDS: Final[frozenset[ChangeKind]] = frozenset({ChangeKind.EDIT, ChangeKind.REROUTE})
 
 
 class Status(StrEnum):
@@ -161,8 +166,12 @@ def parse_change(raw: Any) -> SignedChange | str:
     if kind == ChangeKind.EDIT.value:
         if (why := _edit_problem(edit)) is not None:
             return f"malformed change: {why}"
+    elif kind == ChangeKind.REROUTE.value:
+        route = edit.get("route") if isinstance(edit, dict) and len(edit) == 1 else None
+        if not isinstance(route, str) or not _ROUTE.fullmatch(route):
+            return 'malformed change: a reroute sets input {"route": NAME}, a route of the route file'
     elif edit is not None:
-        return f"malformed change: only an edit sets input, not a {kind}"
+        return f"malformed change: a {kind} sets no input"
     return SignedChange(
         change_id=raw["change_id"],
         kind=ChangeKind(kind),
@@ -199,12 +208,36 @@ def _edit_problem(edit: Any) -> str | None:
     return None
 
 
+def targets(p: Projection, change: SignedChange) -> list[str]:
+    """The nodes a change names: its node, or — a re-route may name a stage — every node of that stage."""
+    if change.node is None:
+        return []
+    if change.node in p.nodes:
+        return [change.node]
+    if change.kind == ChangeKind.REROUTE:
+        return [n.id for n in p.nodes.values() if n.stage == change.node]
+    return []
+
+
+def _to_move(p: Projection, nodes: list[str]) -> list[str]:
+    """The nodes a re-route moves: those with an attempt still to come (not succeeded)."""
+    return [n for n in nodes if p.nodes[n].status != NodeStatus.SUCCEEDED]
+
+
 def applies(p: Projection, change: SignedChange) -> str | None:
     """Why ``change`` cannot apply to the task as ``p`` has it (None: it can)."""
     if p.terminal:
         return f"task {p.task_id} is {p.state.value}: nothing to change"
-    if change.kind in _NODE_KINDS and (change.node is None or change.node not in p.nodes):
-        return f"no node {str(change.node)[:200]!r} in task {p.task_id}"
+    if change.kind in _NODE_KINDS and not targets(p, change):
+        what = "node or stage" if change.kind == ChangeKind.REROUTE else "node"
+        return f"no {what} {str(change.node)[:200]!r} in task {p.task_id}"
+    if change.kind == ChangeKind.REROUTE:
+        route = (change.edit or {}).get("route")
+        moving = _to_move(p, targets(p, change))
+        if not moving:
+            return f"{change.node} has nothing left to run: every node of it succeeded"
+        if all(p.nodes[n].route == route for n in moving):
+            return f"{change.node} already goes to {route}"
     if change.kind not in _NODE_KINDS and change.node is not None:
         return f"a {change.kind.value} is the task's: it names no node"
     if change.kind == ChangeKind.PAUSE and p.paused_by is not None:
@@ -249,8 +282,18 @@ class ChangeRuling:
         return SystemMarker(kind=MarkerKind.REJECTED_INPUT, detail=f"{self.ref}: {self.rejection}"[:2000])
 
 
-def evaluate_change(task_id: str, raw: Any, p: Projection, keys: Keys, received_at: datetime) -> ChangeRuling:
-    """Rule on one raw change against the task's fold ``p`` and the key registry, as of ``received_at``."""
+def evaluate_change(
+    task_id: str,
+    raw: Any,
+    p: Projection,
+    keys: Keys,
+    received_at: datetime,
+    routes: Mapping[str, RoutePrice] | None = None,
+) -> ChangeRuling:
+    """Rule on one raw change against the task's fold ``p`` and the key registry, as of ``received_at``.
+
+    ``routes``: the deployment's routes and their declared prices (a re-route must name one, and is
+    re-quoted at its price: refused, naming the shortfall, where the task's budget cannot carry it)."""
     ref = change_ref(raw)
     parsed = parse_change(raw)
     if isinstance(parsed, str):
@@ -284,11 +327,20 @@ def evaluate_change(task_id: str, raw: Any, p: Projection, keys: Keys, received_
         )
     if (why := applies(p, c)) is not None:
         return ChangeRuling(ref, rejection=why)
+    moved: tuple[str, ...] = ()
+    route_price = None
+    if c.kind == ChangeKind.REROUTE:
+        quoted = requote(p, c, routes or {})
+        if isinstance(quoted, str):
+            return ChangeRuling(ref, rejection=quoted)
+        moved, route_price = quoted
     event = TaskChange(
         change_id=c.change_id,
         kind=c.kind,
         node=c.node,
         input=c.edit,
+        nodes=moved,
+        route_price=route_price,
         approver=c.approver,
         key_id=c.key_id,
         note=c.note,
@@ -298,6 +350,38 @@ def evaluate_change(task_id: str, raw: Any, p: Projection, keys: Keys, received_
         received_at=received_at,
     )
     return ChangeRuling(ref, event=event)
+
+
+def requote(
+    p: Projection, c: SignedChange, routes: Mapping[str, RoutePrice]
+) -> tuple[tuple[str, ...], Decimal | None] | str:
+    """A re-route's nodes and the new route's declared bound for one of them — or why it is refused: the
+    route is not one of the deployment's, or the task's budget cannot carry the moved nodes at the price
+    admission would reserve on it (the dearer of today's admission price and the route's declared bound)."""
+    route = str((c.edit or {}).get("route"))
+    price = routes.get(route)
+    if price is None:
+        known = ", ".join(sorted(routes)[:20]) or "none"
+        return f"route {route!r} is not in this deployment's route file (routes: {known})"
+    moved = _to_move(p, targets(p, c))
+    stage = p.graph.nodes[moved[0]].stage
+    bound = declared_bound(stage, price)
+    each = max(node_price(p, stage)[0], bound or Decimal(0))
+    pending = [n for n in moved if not p.nodes[n].in_flight]  # one in flight holds its reservation already
+    need = each * len(pending)
+    room = headroom(p)
+    if need > room:
+        short, left = _plain(need - room), _plain(room)
+        return (
+            f"task:{p.task_id} is short by {short} for this re-route: {len(pending)} node(s) of stage "
+            f"{stage.id} at {_plain(each)} each on {route}, {left} left under the ceiling {_plain(p.ceiling)}"
+        )
+    return tuple(moved), bound
+
+
+def _plain(amount: Decimal) -> str:
+    """An amount as a person reads it: no trailing zeros, no exponent (50, 89.05, 0.000088)."""
+    return format(amount.normalize(), "f")
 
 
 def recovery(p: Projection, raw: Any) -> tuple[str, PartialResolution] | None:

@@ -284,6 +284,7 @@ class ChangeKind(StrEnum):
     PAUSE = "pause"  # no new dispatch; work in flight finishes and is recorded
     RESUME = "resume"
     EDIT = "edit"  # a node's request fields, set: its next attempt asks that (its dead letter resolved)
+    REROUTE = "reroute"  # a node's (or a stage's) next attempts go to another route, re-quoted at its price
 
 
 class TaskChange(_Event):
@@ -295,7 +296,11 @@ class TaskChange(_Event):
     change_id: str
     kind: ChangeKind
     node: str | None = None
-    input: dict[str, Any] | None = None  # an edit: the request fields it sets
+    input: dict[str, Any] | None = None  # what it sets: an edit's request fields; a re-route's {"route"}
+    # A re-route: the nodes it moves, and what one node costs at most on the new route (its declared bound,
+    # read from the route table when the change was ruled on: admission reserves at least that from then on).
+    nodes: tuple[str, ...] = ()
+    route_price: Decimal | None = None
     approver: str
     key_id: str
     note: str = Field(default="", max_length=2000)

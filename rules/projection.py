@@ -152,6 +152,10 @@ class NodeView:
     notes: tuple[str, ...] = ()
     # Request fields a person set by a signed edit (rules.changes): its next attempts ask with them.
     edits: dict[str, Any] = field(default_factory=dict)
+    # A person's signed re-route: the route its next attempts go to (None: its stage's executor), and what
+    # one attempt costs at most there (its declared bound, recorded with the change): admission reserves it.
+    route: str | None = None
+    route_price: Decimal | None = None
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
     # Fixed by the plan: where the node sits, and whether its stage asks a person to approve each output.
     stage: str = ""
@@ -665,6 +669,10 @@ def _apply_change(p: Projection, e: TaskChange) -> None:
         p.paused_by = e.approver
     elif e.kind == ChangeKind.RESUME:
         p.paused_by = None
+    elif e.kind == ChangeKind.REROUTE and e.input:
+        for node_id in e.nodes:
+            if (moved := p.nodes.get(node_id)) is not None:
+                moved.route, moved.route_price = str(e.input["route"]), e.route_price
     elif e.kind == ChangeKind.EDIT and e.node in p.nodes and e.input:
         node = p.nodes[e.node]
         node.edits = {**node.edits, **e.input}

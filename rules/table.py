@@ -469,9 +469,12 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
     stage = p.graph.nodes[n.id].stage
     request = request_input(p, n)
     output = stage.output.model_dump(mode="json") if stage.output is not None else None
-    digest = input_hash(request, node=n.id, executor=stage.executor, output=output)
+    executor = n.route or stage.executor  # a person's signed re-route (rules.changes), else the plan's
+    digest = input_hash(request, node=n.id, executor=executor, output=output)
     reuse = next((o for o in reversed(n.outputs) if o.reusable and o.input_hash == digest), None)
     price, priced_by = node_price(p, stage)
+    if n.route_price is not None and n.route_price > price:
+        price, priced_by = n.route_price, f"declared by route {n.route} (re-routed)"
     if reuse is None and not admits(p, price):  # a reuse spends nothing: nothing to admit
         return escalate(
             p, BUDGET_REFUSED.format(node=n.id) + _shortfall(p, stage, price, priced_by), node=n.id
@@ -481,7 +484,7 @@ def _dispatch_or_escalate(p: Projection, n: NodeView, reason: str, now: datetime
         node=n.id,
         attempt=attempt,
         operation_key=operation_key(p.task_id, n.id, attempt),
-        executor=stage.executor,
+        executor=executor,
         # A reuse sends nothing and costs nothing; if its bytes turn out to be gone, the attempt is voided and
         # the next one is a real dispatch, admitted at the stage's estimate.
         estimate=Decimal(0) if reuse is not None else price,
@@ -564,7 +567,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # 4: a task a person paused (rules.changes) starts nothing new and waits for its resume.
 # 5: a node's next request carries what people said when they decided about it (``feedback.people``).
 # 6: a node's request carries the fields a person's signed edit set (rules.changes).
-RULES_VERSION: Final = 6
+# 7: a re-routed node is dispatched to its new route, admitted at least at that route's declared bound.
+RULES_VERSION: Final = 7
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),

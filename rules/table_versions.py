@@ -28,6 +28,18 @@ from rules.table import RULES_VERSION, decide
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
 
+def _decide_v6(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 6: today's without what table 7 added — re-routes (no node could be re-routed then). Exact."""
+    routes = {n.id: (n.route, n.route_price) for n in p.nodes.values() if n.route is not None}
+    for node_id in routes:
+        p.nodes[node_id].route, p.nodes[node_id].route_price = None, None
+    try:
+        return decide(p, now)
+    finally:
+        for node_id, (route, price) in routes.items():
+            p.nodes[node_id].route, p.nodes[node_id].route_price = route, price
+
+
 def _decide_v5(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """Table 5: today's without what table 6 added — a person's edits in a node's request (no edit could be
     made then). Exact: a node never edited is asked the same under both."""
@@ -35,7 +47,7 @@ def _decide_v5(p: Projection, now: datetime) -> tuple[str, Action] | None:
     for node_id in edits:
         p.nodes[node_id].edits = {}
     try:
-        return decide(p, now)
+        return _decide_v6(p, now)
     finally:
         for node_id, kept in edits.items():
             p.nodes[node_id].edits = kept
@@ -95,6 +107,7 @@ _TABLES: Final[dict[int, Decide]] = {
     3: _decide_v3,
     4: _decide_v4,
     5: _decide_v5,
+    6: _decide_v6,
     RULES_VERSION: decide,
 }
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block

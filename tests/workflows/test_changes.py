@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -22,11 +24,12 @@ from temporalio.worker import Replayer
 
 from ledgerflow.views import people
 from ledgerflow.views.audit import Signatures, audit_signatures
-from rules.events import MarkerKind, SystemMarker, TaskChange, parse
+from rules.events import Intent, MarkerKind, SystemMarker, TaskChange, parse
 from rules.people import Keys
 from rules.projection import NodeStatus, fold
 from rules.recompute import recompute
 from runtime.signing import demo_key, verify
+from vendors.routes import Price, RouteSpec, RouteTable
 from workflows.contracts import CHANGE, DecisionRuling, workflow_id
 from workflows.task import TaskWorkflow
 
@@ -264,3 +267,56 @@ async def test_an_edit_resolves_a_dead_letter_and_the_node_runs_again_with_the_e
     assert recompute(events) == [], "every decision recomputes (table 6 for the edited dispatch)"
     keys = Keys(lf.recorder.key_registry(), verify, lf.settings.decision_window)
     assert audit_signatures(plan.task_id, events, keys, None).problems == ()
+
+
+# ── reroute: from now on, at the new route's price ───────────────────────────────────────────────────────
+THREE_SHOTS = """
+goal: three shots, one at a time, moved to another vendor halfway
+budget_ceiling: 12
+concurrency: 1
+stages:
+  - {{id: shots, executor: {route}-primary, estimate: 1, fan_out: 3, canary: false}}
+"""
+
+
+async def test_a_reroute_moves_the_stages_next_attempts_and_one_the_budget_cannot_carry_is_refused(
+    lf_with, sim
+):
+    route = f"image.{uuid.uuid4().hex[:8]}"
+    table = RouteTable(
+        routes={
+            f"{route}-primary": RouteSpec(price=Price(per_call=Decimal("1"))),
+            f"{route}-cheap": RouteSpec(price=Price(per_call=Decimal("1"))),
+            f"{route}-dear": RouteSpec(price=Price(per_call=Decimal("50"))),
+        }
+    )
+    await sim.configure(executors={f"{route}-primary": {"latency_seconds": 1.0, "cost": "1"}})
+    async with lf_with(routes=table) as lf:
+        plan = lf.plan(THREE_SHOTS.format(route=route))
+        handle = await lf.start(plan)
+        await until(lambda: dispatched(lf, plan.task_id) == ["shots/S01"], what="the first shot")
+        dear = change(plan.task_id, "reroute", node="shots", edit={"route": f"{route}-dear"})
+        refused = await people.send_change(lf.settings, plan.task_id, dear, timeout=10)
+        assert refused.status == "rejected", refused
+        assert refused.detail.startswith(f"task:{plan.task_id} is short by "), refused.detail
+        assert f"2 node(s) of stage shots at 50 each on {route}-dear" in refused.detail
+        cheap = change(plan.task_id, "reroute", node="shots", edit={"route": f"{route}-cheap"})
+        moved = await people.send_change(lf.settings, plan.task_id, cheap, timeout=10)
+        assert (moved.status, moved.detail) == ("accepted", "reroute by director"), moved
+        result = await handle.result()
+    assert result.state == "Completed", result.summary
+    events = lf.recorder.read_events(plan.task_id)
+    sent = {
+        i.action.node: i.action.executor
+        for e in events
+        if e.type == "Intent" and isinstance(i := parse(e), Intent) and i.action.kind == "Dispatch"
+    }
+    assert sent["shots/S01"] == f"{route}-primary", "the shot in flight finished where it was"
+    assert sent["shots/S02"] == sent["shots/S03"] == f"{route}-cheap", "the rest went to the new route"
+    [recorded] = [parse(e) for e in events if e.type == "TaskChange"]
+    # Every shot without its output yet moves (the one in flight keeps its attempt: its next one would move).
+    assert {"shots/S02", "shots/S03"} <= set(recorded.nodes), recorded.nodes
+    assert recorded.route_price == Decimal("1")
+    assert recompute(events) == [], "every decision recomputes (table 7 after the re-route)"
+    billed = await sim.charges(f"{plan.task_id}:")
+    assert len({c["idempotency_key"] for c in billed}) == len(billed) == 3, "each shot paid once"
