@@ -50,6 +50,7 @@ from ledgerflow.review.auth import (
 )
 from ledgerflow.views import people
 from ledgerflow.views.queue import group
+from rules.changes import parse_change
 from rules.people import parse_decision
 from rules.plan import ID_PATTERN
 from rules.projection import TaskState
@@ -385,6 +386,35 @@ def create_app(
         sent = await to_thread.run_sync(relay)
         body = {
             "decision_id": sent.decision_id,
+            "status": sent.status,
+            "detail": sent.detail,
+            "line": sent.line,
+        }
+        return JSONResponse(body, status_code=202 if sent.status == "pending" else 200)
+
+    @app.post("/api/changes/{task_id}")
+    async def api_change(request: Request, task_id: str) -> Response:
+        """A signed change to a running task (rules.changes), signed in the browser like a decision."""
+        identity = await to_thread.run_sync(api_identity, request)
+        auth.check_csrf(request, identity, None)
+        decisions.check(f"decide:{identity.approver}", f"changes from {identity.approver}")
+        check_task_id(task_id)
+        payload = await json_body(request)
+        parsed = parse_change(payload)
+        if isinstance(parsed, str):
+            raise HTTPException(400, parsed)
+        if parsed.approver != identity.approver:
+            raise HTTPException(
+                403, f"you are {identity.approver}: a change signed as {parsed.approver} is not yours to send"
+            )
+        await to_thread.run_sync(check_covers, identity, task_id)
+
+        def relay() -> people.Sent:
+            return asyncio.run(people.send_change(settings, task_id, payload, timeout=relay_timeout))
+
+        sent = await to_thread.run_sync(relay)
+        body = {
+            "change_id": sent.decision_id,
             "status": sent.status,
             "detail": sent.detail,
             "line": sent.line,

@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from rules.actions import Dispatch, HumanRequest, RequestKind
+from rules.changes import RESERVED_FIELDS
 from rules.envelope import StoredEvent
 from rules.events import (
     Failure,
@@ -34,6 +35,7 @@ from rules.people import (
 )
 from rules.plan import COMPOSE, REVIEW, Value
 from rules.projection import Projection, RequestView
+from rules.table import request_input
 
 # ── the queue ────────────────────────────────────────────────────────────────────────────────────────
 
@@ -300,4 +302,16 @@ def request_detail(p: Projection, events: Sequence[StoredEvent], request_id: str
         "context_now": context_package(p, req.kind, req.node, req.options),
         "attempts": attempts(events, req.node) if req.node in p.nodes and req.node is not None else [],
         "refused": refused,
+        # A dead letter's node can be asked again with its request edited (rules.changes, kind edit): the
+        # text fields of its request as the next attempt would send them, for a person to change.
+        "editable": editable(p, req.node) if req.kind == RequestKind.DEAD_LETTER else {},
     }
+
+
+def editable(p: Projection, node: str | None) -> dict[str, str]:
+    """The text fields of ``node``'s next request (the plan's, with any edit over them): what the page lets
+    a person edit. Inputs, the fan-out item and the feedback are the rules' and are left out."""
+    if node is None or node not in p.nodes:
+        return {}
+    request = request_input(p, p.nodes[node])
+    return {k: v for k, v in request.items() if isinstance(v, str) and k not in RESERVED_FIELDS}

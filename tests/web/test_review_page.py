@@ -21,7 +21,7 @@ from playwright.async_api import Page, async_playwright, expect
 from reviewkit import SHOT_APPROVAL, TOKENS, served
 
 from ledgerflow.review import create_app
-from rules.events import HumanDecision, parse
+from rules.events import HumanDecision, Intent, parse
 from rules.people import canonical
 from rules.projection import fold
 from runtime.signing import demo_key, verify
@@ -148,6 +148,61 @@ stages:
     assert (sent["decision"], sent["amount"], sent["scope"]) == ("add_budget", "5", f"task:{tid}")
     account = lf.recorder.account(f"task:{tid}")
     assert account is not None and account.ceiling == Decimal(8)
+
+
+async def test_a_dead_letter_is_recovered_in_the_browser_by_a_signed_edit_of_its_request(lf, sim, tmp_path):
+    """Issue 26 §2: the page offers a dead letter's text fields for editing; the edit is signed in the
+    browser (canonical JSON and all, non-ASCII included) and the node runs again with the edited prompt."""
+    await sim.configure(executors={"image.keyframe": {"reject_content": 1.0}})
+    plan = lf.plan(
+        """
+goal: a keyframe the vendor refuses until a person rewrites its prompt
+budget_ceiling: 5
+stages:
+  - id: frame
+    executor: image.keyframe
+    estimate: 1
+    retries: 0
+    input: {prompt: a storm at sea, format: png, width: 320, height: 180}
+"""
+    )
+    handle = await lf.start(plan)
+    tid = plan.task_id
+    assert tid is not None
+    rid = await wait_open(lf, tid, "dead_letter:")
+    demo_key("director").write(tmp_path / "director.key.json")
+    edited = "a calm evening at sea — café colours"  # non-ASCII: the browser must escape it as Python does
+
+    with served(create_app(lf.settings, tokens=TOKENS, relay_timeout=15)) as url:
+        async with chromium_page() as page:
+            await log_in_and_open(page, url, tid, rid, "dead_letter")
+            prompt = page.locator('#edit textarea[data-field="prompt"]')
+            await expect(prompt).to_have_value("a storm at sea")
+            await expect(page.locator("#sign-edit")).to_be_disabled()
+            await page.set_input_files("#key-file", tmp_path / "director.key.json")
+            await expect(page.locator("#sign-edit")).to_be_enabled()
+            await sim.configure()  # the vendor takes the edited request
+            await prompt.fill(edited)
+            await page.fill("#edit textarea[name=note]", "the filter trips on storm")
+            async with page.expect_request(f"{url}/api/changes/{tid}") as posted:
+                await page.click("#sign-edit")
+            sent = (await posted.value).post_data_json
+            await expect(page.locator("#outcome")).to_have_text("accepted (edit by director)", timeout=20_000)
+            assert (await asyncio.wait_for(handle.result(), 30)).state == "Completed"
+
+    assert (sent["kind"], sent["node"], sent["input"]["prompt"]) == ("edit", "frame", edited)
+    events = lf.recorder.read_events(tid)
+    [change] = [parse(e) for e in events if e.type == "TaskChange"]
+    assert verify(demo_key("director").public_key, change.signed, change.signature), "signed in the browser"
+    frames = [
+        i.action.input["prompt"]
+        for e in events
+        if e.type == "Intent"
+        and isinstance(i := parse(e), Intent)
+        and i.action.kind == "Dispatch"
+        and i.action.node == "frame"
+    ]
+    assert frames == ["a storm at sea", edited], "the node ran again with the prompt edited in the page"
 
 
 async def log_in_and_open(page: Page, url: str, task_id: str, request_id: str, kind: str) -> None:

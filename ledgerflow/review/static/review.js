@@ -34,6 +34,39 @@ function canonical(taskId, d) {
     d.amount || "", d.scope || "", d.issued_at, d.note].join("\n");
 }
 
+// A change's signed message: byte for byte canonical_change() in rules/changes.py. Its fields (an edit's)
+// are canonical JSON there: sorted keys, no spaces, every non-ASCII character escaped (\uXXXX), as Python's
+// json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=True) writes them.
+function canonicalJson(value) {
+  if (value === null || value === undefined) return "";
+  const keys = Object.keys(value).sort();
+  const text = "{" + keys.map((k) => JSON.stringify(k) + ":" + JSON.stringify(value[k])).join(",") + "}";
+  return text.replace(/[\u0080-\uffff]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
+}
+
+function canonicalChange(taskId, c) {
+  return ["ledgerflow-change-v1", taskId, c.change_id, c.kind, c.node || "", canonicalJson(c.input),
+    c.approver, c.key_id, c.issued_at, c.note].join("\n");
+}
+
+async function signEdit(taskId, form, record) {
+  const input = {};
+  for (const area of form.querySelectorAll('textarea[name="field"]')) input[area.dataset.field] = area.value;
+  const c = {
+    change_id: crypto.randomUUID(),
+    kind: "edit",
+    node: form.dataset.node,
+    input,
+    approver: record.approver,
+    key_id: record.key_id,
+    note: form.elements.note.value,
+    issued_at: new Date().toISOString(),
+  };
+  const message = new TextEncoder().encode(canonicalChange(taskId, c));
+  c.signature = hex(await crypto.subtle.sign({ name: "Ed25519" }, record.key, message));
+  return c;
+}
+
 const hex = (buffer) => Array.from(new Uint8Array(buffer), (b) => b.toString(16).padStart(2, "0")).join("");
 
 // An approver's key file (runtime/signing.py) -> a stored record. Throws an Error with a message for a person.
@@ -90,9 +123,9 @@ async function sign(taskId, form, record) {
   return d;
 }
 
-async function send(taskId, payload) {
+async function send(taskId, payload, what = "decisions") {
   const root = document.body.dataset.root;
-  const response = await fetch(`${root}/api/decisions/${encodeURIComponent(taskId)}`, {
+  const response = await fetch(`${root}/api/${what}/${encodeURIComponent(taskId)}`, {
     method: "POST",
     credentials: "same-origin",
     headers: {
@@ -122,6 +155,8 @@ async function setUp() {
   const button = document.getElementById("sign");
   let record = null;
 
+  const edit = document.getElementById("edit");
+  const editButton = document.getElementById("sign-edit");
   const ready = (r) => {
     record = r;
     status.textContent = r ? `Signing as ${r.approver} with key ${r.key_id} (kept in this browser).`
@@ -129,6 +164,7 @@ async function setUp() {
     load.hidden = Boolean(r);
     forget.hidden = !r;
     button.disabled = !r;
+    if (editButton) editButton.disabled = !r;
   };
 
   if (!window.crypto?.subtle || !window.indexedDB) {
@@ -185,6 +221,30 @@ async function setUp() {
       button.disabled = done;
     }
   });
+
+  if (edit) {
+    edit.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      if (!record) return;
+      editButton.disabled = true;
+      let done = false;
+      try {
+        show("pending", "signing and sending the edit… (waiting for the worker's ruling)");
+        const { ok, body } = await send(taskId, await signEdit(taskId, edit, record), "changes");
+        if (!ok) {
+          show("rejected", `not sent: ${body.error || "unknown error"}`);
+        } else {
+          show(body.status, body.line);
+          done = body.status === "accepted";
+          if (done) document.getElementById("status").textContent = "resolved by your edit";
+        }
+      } catch (e) {
+        show("rejected", `not sent: ${e.message}`);
+      } finally {
+        editButton.disabled = done;
+      }
+    });
+  }
 }
 
 document.addEventListener("DOMContentLoaded", setUp);
