@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from functools import cache
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -29,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -113,6 +115,8 @@ def create_app(
     decisions = RateLimiter(*decision_rate)
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["age"] = _age
+    templates.env.filters["cents"] = _cents
+    templates.env.filters["words"] = _words
 
     app = FastAPI(title="ledgerflow review", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -506,6 +510,39 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+# Internal names as a person reads them (request kinds, task states, node states).
+_WORDS: Final = {
+    "dead_letter": "a failed step",
+    "approval": "approval",
+    "escalation": "escalation",
+    "invalid_decision": "a question for a person",
+    "WaitingHuman": "waiting for a person",
+    "Running": "running",
+    "Escalated": "waiting for a person with authority",
+    "Compensating": "undoing what it made",
+    "Completed": "completed",
+    "Failed": "failed",
+    "waiting_human": "waiting for a person",
+    "leased": "about to start",
+}
+
+
+def _words(name: Any) -> str:
+    return _WORDS.get(str(name), str(name).replace("_", " "))
+
+
+def _cents(amount: Any) -> Markup:
+    """Money as a person reads it — to the cent — with the ledger's full figure on hover (1.25, not
+    1.250000; 0.000088 shows 0.00 and says 0.000088)."""
+    try:
+        value = Decimal(str(amount))
+    except (InvalidOperation, ValueError):
+        return Markup.escape(str(amount))
+    shown = value.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    full = format(value.normalize(), "f") if value else "0"
+    return Markup('<span class="money" title="{}">{}</span>').format(full, shown)
 
 
 def _age(opened_at: str, now: datetime) -> str:

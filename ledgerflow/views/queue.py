@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from rules.actions import Dispatch, HumanRequest, RequestKind
+from rules.admission import node_price
 from rules.changes import RESERVED_FIELDS
 from rules.envelope import StoredEvent
 from rules.events import (
@@ -34,7 +35,7 @@ from rules.people import (
     resolutions,
 )
 from rules.plan import COMPOSE, REVIEW, Value
-from rules.projection import Projection, RequestView
+from rules.projection import NodeStatus, Projection, RequestView
 from rules.table import request_input
 
 # ── the queue ────────────────────────────────────────────────────────────────────────────────────────
@@ -305,7 +306,30 @@ def request_detail(p: Projection, events: Sequence[StoredEvent], request_id: str
         # A dead letter's node can be asked again with its request edited (rules.changes, kind edit): the
         # text fields of its request as the next attempt would send them, for a person to change.
         "editable": editable(p, req.node) if req.kind == RequestKind.DEAD_LETTER else {},
+        "releases": releases(p, req.node) if req.kind == RequestKind.APPROVAL else None,
+        "then": THEN.get(req.timeout_policy.value) if req.timeout_policy else None,
     }
+
+
+# What happens when nobody answers in time, in a person's words.
+THEN: Final = {
+    "approve": "approved automatically",
+    "escalate": "goes to a person with the authority to resume or stop the task",
+    "abort": "the task is stopped",
+}
+
+
+def releases(p: Projection, node: str | None) -> str | None:
+    """What approving ``node`` lets run, and roughly what it reserves: its dependents not yet made, each at
+    the price admission would reserve for it now (rules.admission), against what is left of the ceiling."""
+    if node is None or node not in p.nodes:
+        return None
+    after = [n for n in p.graph.descendants(node) if p.nodes[n].status != NodeStatus.SUCCEEDED]
+    if not after:
+        return "nothing else waits on it"
+    total = sum((node_price(p, p.graph.nodes[n].stage)[0] for n in after), Decimal(0))
+    left = p.ceiling - p.spent - p.reserved
+    return f"the {len(after)} node(s) after it may run, reserving about {total:.2f} of the {left:.2f} left"
 
 
 def editable(p: Projection, node: str | None) -> dict[str, str]:

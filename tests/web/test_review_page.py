@@ -3,13 +3,15 @@ browser: ``make test`` installs the Debian package). A reviewer logs in, finds t
 it (attempts, money, options, the shot and its keyframe playing inline), loads their key file once, approves,
 and sees the worker's ruling; the task then moves on and completes.
 
-``LEDGERFLOW_SCREENSHOT_DIR=DIR`` saves a screenshot of the request page as ``DIR/review-page.png``.
+``LEDGERFLOW_SCREENSHOT_DIR=DIR`` saves screenshots of the request page as ``DIR/review-page.png`` and of a
+dead letter's edit form as ``DIR/review-edit.png`` (docs/reviewers.md shows both).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -47,6 +49,17 @@ async def test_a_reviewer_approves_in_the_browser_signing_there_and_the_task_mov
             await expect(page.locator("#attempts")).to_contain_text("succeeded")
             await expect(page.locator("#spend")).to_contain_text("remaining")
             await expect(page.locator("#options")).to_contain_text("its dependents may run")
+            # What approving releases, in money; the deadline in this browser's time and what silence does.
+            await expect(page.locator("#options")).to_contain_text(
+                "node(s) after it may run, reserving about"
+            )
+            await expect(page.locator("#deadline")).to_contain_text(re.compile(r"\(in (5[0-9]|60) min\)"))
+            await expect(page.locator("#then")).to_have_text(
+                ", then: goes to a person with the authority to resume or stop the task"
+            )
+            ceiling = page.locator("#spend tr:nth-child(2) td:nth-child(4) .money")
+            await expect(ceiling).to_have_text("10.00")
+            await expect(ceiling).to_have_attribute("title", "10")
             await media_plays(page)
 
             # The key file is imported once, then found in IndexedDB on the next visit.
@@ -184,6 +197,9 @@ stages:
             await sim.configure()  # the vendor takes the edited request
             await prompt.fill(edited)
             await page.fill("#edit textarea[name=note]", "the filter trips on storm")
+            screenshots = os.environ.get("LEDGERFLOW_SCREENSHOT_DIR")
+            if screenshots:
+                await page.screenshot(path=str(Path(screenshots) / "review-edit.png"), full_page=True)
             async with page.expect_request(f"{url}/api/changes/{tid}") as posted:
                 await page.click("#sign-edit")
             sent = (await posted.value).post_data_json

@@ -144,7 +144,32 @@ function show(status, text) {
   outcome.textContent = text;
 }
 
+// The deadline in the reader's own time zone, and how far off it is ("in 9 min").
+function showDeadline() {
+  const el = document.getElementById("deadline");
+  if (!el) return;
+  const at = new Date(el.getAttribute("datetime"));
+  if (Number.isNaN(at.getTime())) return;
+  const minutes = Math.round((at.getTime() - Date.now()) / 60000);
+  const span = Math.abs(minutes) < 120 ? `${Math.abs(minutes)} min` : `${Math.round(Math.abs(minutes) / 60)} h`;
+  const when = minutes >= 0 ? `in ${span}` : `${span} ago`;
+  el.title = el.getAttribute("datetime");
+  el.textContent = `${at.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" })} (${when})`;
+}
+
+// Every other time on the page in the reader's own time zone (the recorded UTC instant on hover).
+function showTimes() {
+  for (const el of document.querySelectorAll("time.local")) {
+    const at = new Date(el.getAttribute("datetime"));
+    if (Number.isNaN(at.getTime())) continue;
+    el.title = el.getAttribute("datetime");
+    el.textContent = at.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
+  }
+}
+
 async function setUp() {
+  showDeadline();
+  showTimes();
   const form = document.getElementById("decide");
   if (!form) return;
   const approver = document.body.dataset.approver;
