@@ -304,7 +304,10 @@ def create_app(
         shown = []
         for a in detail["context_now"]["artifacts"]:
             content_type = views.media_type(a)
-            shown.append({**a, "content_type": content_type, "element": views.element(content_type)})
+            element = views.element(content_type)
+            if element is None and int(a.get("size") or 0) <= views.TEXT_INLINE_MAX:
+                element = "text"  # a script, a storyboard, a lesson: read in the page (if it is text)
+            shown.append({**a, "content_type": content_type, "element": element})
         approvers = detail["approvers"]
         context = {
             "d": detail,

@@ -48,6 +48,9 @@ MEDIA_TYPES: Final = {
 OCTET_STREAM: Final = "application/octet-stream"
 log = logging.getLogger("ledgerflow.review")
 _SHOWN: Final = frozenset(MEDIA_TYPES.values())
+# An artifact no media element shows, up to this size, is read by the page and shown as text (a storyboard,
+# a script, a lesson, a JSON answer) when its bytes are UTF-8 text; the page never renders it as HTML.
+TEXT_INLINE_MAX: Final = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,6 +221,32 @@ stages:
     assert frames == ["a storm at sea", edited], "the node ran again with the prompt edited in the page"
 
 
+async def test_a_text_output_is_read_in_the_page_as_text(lf, sim, tmp_path):
+    """Issue 26 §5: the storyboard being approved is shown inline (as text, JSON indented), not only as a
+    hash link that starts a download."""
+    plan = lf.plan(
+        """
+goal: a storyboard a person reads before approving
+budget_ceiling: 5
+approval: {timeout: 1h, policy: escalate}
+stages:
+  - {id: board, executor: llm.text, estimate: 0.5, approval: true, input: {prompt: a storyboard}}
+  - {id: cut, executor: llm.text, estimate: 0.5, depends_on: [board]}
+"""
+    )
+    await lf.start(plan)
+    tid = plan.task_id
+    assert tid is not None
+    rid = await wait_open(lf, tid, "approval:board")
+    with served(create_app(lf.settings, tokens=TOKENS, relay_timeout=15)) as url:
+        async with chromium_page() as page:
+            await log_in_and_open(page, url, tid, rid, "approval")
+            text = page.locator(".artifacts pre.text-artifact")
+            await expect(text).to_have_count(1)
+            await expect(text).to_contain_text('"prompt": "a storyboard"')  # what the vendor made, as text
+            assert "\n  " in await text.inner_text(), "JSON is shown indented"
+
+
 async def log_in_and_open(page: Page, url: str, task_id: str, request_id: str, kind: str) -> None:
     """Log in as the director (the queue sends a stranger to the login form first), find the request in
     the queue and follow its link to the request page."""

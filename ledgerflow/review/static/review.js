@@ -167,9 +167,32 @@ function showTimes() {
   }
 }
 
+// Text artifacts (a storyboard, a script, a JSON answer) shown in the page as text — never as HTML — when
+// their bytes are UTF-8 text; JSON is indented. Anything else stays a download.
+async function showTexts() {
+  for (const pre of document.querySelectorAll("pre.text-artifact")) {
+    try {
+      const response = await fetch(pre.dataset.src, { credentials: "same-origin" });
+      if (!response.ok) throw new Error(`the server answered ${response.status}`);
+      const text = new TextDecoder("utf-8", { fatal: true }).decode(await response.arrayBuffer());
+      if (text.includes("\u0000")) throw new Error("not text");
+      let shown = text;
+      try {
+        shown = JSON.stringify(JSON.parse(text), null, 2);
+      } catch {
+        // not JSON: shown as it is
+      }
+      pre.textContent = shown;
+    } catch (e) {
+      pre.textContent = `(not shown here: ${e.message === "not text" || e instanceof TypeError ? "not text" : e.message}; use the link to download it)`;
+    }
+  }
+}
+
 async function setUp() {
   showDeadline();
   showTimes();
+  showTexts();
   const form = document.getElementById("decide");
   if (!form) return;
   const approver = document.body.dataset.approver;
