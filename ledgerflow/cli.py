@@ -913,11 +913,57 @@ def sign(
 
 @app.command()
 @friendly
-def dlq(as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
-    """Nodes with dead-letter requests (open or resolved): original request, attempts, a suggestion."""
-    from ledgerflow.views import people
+def dlq(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    groups: Annotated[
+        bool, typer.Option("--groups", help="the open ones grouped by systemic cause, largest first")
+    ] = False,
+    resume_group: Annotated[
+        int | None, typer.Option("--resume-group", help="resume every open dead letter of group N (signed)")
+    ] = None,
+    project: Annotated[str | None, typer.Option("--project", help="only this project's")] = None,
+    key_file: KeyFileOption = None,
+    approver: AsOption = None,
+    note: NoteOption = "",
+) -> None:
+    """Nodes with dead-letter requests (open or resolved): original request, attempts, a suggestion.
 
-    entries = people.dlq(get_settings())
+    --groups: the open ones by systemic cause ("40% are validator timeouts"); --resume-group N: one signed
+    resume for each of group N's dead letters (exit 1 if any is not accepted)."""
+    from ledgerflow.views import people
+    from ledgerflow.views.queue import dead_letter_groups
+
+    settings = get_settings()
+    entries = people.dlq(settings, project)
+    found = dead_letter_groups(entries)
+    if resume_group is not None:
+        chosen = next((g for g in found if g["group"] == resume_group), None)
+        if chosen is None:
+            raise ClientError(f"no group {resume_group}: there are {len(found)} (ledgerflow dlq --groups)")
+        failed = 0
+        for global_id in chosen["ids"]:
+            task_id, rid, key = _signer(global_id, key_file, approver)
+            sent = asyncio.run(people.decide(settings, key, task_id, rid, "resume", note=note))
+            (out if sent.status == "accepted" else err).print(f"{global_id}: {sent.line}", highlight=False)
+            failed += sent.status != "accepted"
+        if failed:
+            raise typer.Exit(1)
+        return
+    if groups:
+        if as_json:
+            out.print_json(json.dumps(found, default=str))
+            return
+        for g in found:
+            out.print(
+                f"{g['group']}. {g['share']} ({g['count']} open): {g['cause']} — {g['suggested_action']}; "
+                f"answer them all: ledgerflow dlq{f' --project {project}' if project else ''} --resume-group "
+                f"{g['group']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        if not found:
+            out.print("no open dead letters")
+        return
     if as_json:
         out.print_json(json.dumps(entries, default=str))
     else:

@@ -503,11 +503,13 @@ async def send_change(
 # ── dead letters ─────────────────────────────────────────────────────────────────────────────────────
 
 
-def dlq(settings: Settings) -> list[dict[str, Any]]:
-    """Every node with a dead-letter request, open or resolved, across the ledger; open ones first."""
+def dlq(settings: Settings, project: str | None = None) -> list[dict[str, Any]]:
+    """Every node with a dead-letter request, open or resolved, across the ledger (or one project's); open
+    ones first."""
     entries: list[dict[str, Any]] = []
     for p, events in _tasks(settings, unfinished=False):
-        entries += dead_letters(p, events)
+        if project is None or p.plan.project == project:
+            entries += dead_letters(p, events)
     return sorted(entries, key=lambda e: e["status"] != "open")
 
 

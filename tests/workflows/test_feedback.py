@@ -8,9 +8,11 @@ with the table that made it (the first dispatch was decided before any note exis
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
-from peoplekit import wait_open
+from peoplekit import cli, wait_open
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
@@ -60,3 +62,51 @@ async def test_a_persons_note_on_resuming_a_dead_letter_reaches_the_next_attempt
     assert recompute(events) == [], "each dispatch recomputes with the table that decided it"
     replayer = Replayer(workflows=[TaskWorkflow], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(await handle.fetch_history())
+
+
+# ── dead letters grouped by cause (issue 26 §5) ─────────────────────────────────────────────────────────
+REFUSED = """
+goal: a keyframe the vendor refuses
+project: {project}
+budget_ceiling: 5
+approval: {{timeout: 1h, policy: escalate}}
+stages:
+  - {{id: shot, executor: image.keyframe, estimate: 1, retries: 0, input: {{prompt: frame {n}}}}}
+"""
+
+
+async def test_dead_letters_of_one_cause_are_one_group_answered_with_one_command(lf, sim, tmp_path):
+    """Three tasks fail the same way: one group, 100% of the project's open dead letters, with the action
+    that answers them all; one command resumes each with a signed decision."""
+    await sim.configure(executors={"image.keyframe": {"reject_content": 1.0}})
+    project = f"dlq-{uuid.uuid4().hex[:8]}"
+    handles = []
+    for n in range(3):
+        plan = lf.plan(REFUSED.format(project=project, n=n))
+        handles.append(await lf.start(plan))
+        await wait_open(lf, plan.task_id, "dead_letter:")
+    code, out, _ = await cli(lf, tmp_path, "dlq", "--project", project, "--groups", "--json")
+    assert code == 0
+    [group] = json.loads(out)
+    assert (group["count"], group["share"]) == (3, "100%")
+    assert group["cause"] == "content: input violates content policy", group["cause"]
+    await sim.configure()  # the vendor takes the next attempts
+    code, out, err = await cli(
+        lf,
+        tmp_path,
+        "dlq",
+        "--project",
+        project,
+        "--resume-group",
+        "1",
+        "--as",
+        "director",
+        "--note",
+        "try again",
+    )
+    assert code == 0, err
+    assert out.count("accepted (resume by director)") == 3, out
+    for handle in handles:
+        assert (await handle.result()).state == "Completed"
+    code, out, _ = await cli(lf, tmp_path, "dlq", "--project", project, "--groups", "--json")
+    assert json.loads(out) == [], "no open dead letter left"
