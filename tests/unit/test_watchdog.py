@@ -1,5 +1,6 @@
-"""The stall watchdog (``reconcile.watchdog.StallWatch``): a job whose progress stops longer than its threshold
-is stalled; progress that moves keeps it alive; a vendor that reports none is judged by its run time alone."""
+"""The stall watchdog (``reconcile.watchdog.StallWatch``): a job whose progress stops for longer than its
+threshold is stalled; progress that moves keeps it alive; a vendor that reports none is judged by its run time
+alone."""
 
 from __future__ import annotations
 
