@@ -216,6 +216,11 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         # trips.
         self._reader = self._engine.execution_options(isolation_level="AUTOCOMMIT")
 
+    @property
+    def url(self) -> str:
+        """The database URL this recorder writes to (with its credentials: never log it)."""
+        return self._engine.url.render_as_string(hide_password=False)
+
     def create_schema(self) -> None:
         """Create the schema, or upgrade it to this ledgerflow's revision; idempotent, safe to race.
 

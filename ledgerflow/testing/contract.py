@@ -45,6 +45,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.callbacks import CallbackWaker
 from activities.contracts import StageInput, SweepInput
 from activities.operation import Operation
 from activities.stages import StageActivities
@@ -483,6 +484,10 @@ class AdapterContract:
     def end(self, scenario: str) -> End:
         return expected_end(scenario, self.MODE, self.FREE)
 
+    async def waker(self, env: ContractEnv) -> CallbackWaker | None:
+        """What wakes an attempt when the vendor calls back (a route with ``callback``): None, it polls."""
+        return None
+
     # ── the harness ───────────────────────────────────────────────────────────────────────────────────
     async def start(
         self,
@@ -524,7 +529,8 @@ class AdapterContract:
             store_for=lambda uri: store,
         )
         env.stack.push_async_callback(adapters.aclose)
-        activities = StageActivities(env.recorder, adapters, store, 0.02, pause_retry_s=0.5)
+        waker = await self.waker(env)
+        activities = StageActivities(env.recorder, adapters, store, 0.02, pause_retry_s=0.5, waker=waker)
         request = await self.request(store)
         # The plan as a person writes it: an input file comes through ``inputs:``, never as a reference in
         # the free ``input`` (plan validation refuses that); the operation below sends ``request`` itself.

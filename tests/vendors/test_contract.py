@@ -13,16 +13,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
 import pytest
+import yaml
 
+from activities.callbacks import CallbackWaker
 from artifacts.local import LocalStore
 from ledger.errors import AlreadyResolved
-from ledgerflow.testing import SCENARIOS, AdapterContract, ContractEnv, render_matrix
+from ledger.recorder import Recorder
+from ledgerflow.testing import SCENARIOS, AdapterContract, ContractEnv, render_matrix, serving
 from ledgerflow.testing.simulator import SimulatorAdmin, SimulatorContract, SimulatorVendor
+from ledgerflow.webhooks import create_app
+from runtime.settings import Settings
 from vendors.routes import AdapterKind, Price, VendorMode
 from vendors.simulator.config import DEFAULT_CHAT
 from vendors.simulator.predictions import PRICE_PER_SECOND
@@ -265,3 +271,66 @@ class TestQueue(SimulatorContract):
 
 
 CONFIGS.append(TestQueue)
+
+
+# ── a vendor that calls back (issue 29 §3): Replicate's webhooks, received and verified ──────────────────
+CALLBACK_ROUTE: Final = "video.callback"  # one name for the class: the receiver's route file names it
+CALLBACK_SECRET: Final = "whsec_" + "Y29udHJhY3Qta2l0LWNhbGxiYWNrLXNlY3JldC0wMQ=="
+CALLBACK_ENV: Final = "LF_CONTRACT_CALLBACK_SECRET"
+
+
+class TestPredictionsCallback(SimulatorContract):
+    """The predictions adapter on a route whose vendor calls back: the simulator POSTs each prediction's end,
+    signed, to the real receiver (``ledgerflow.webhooks``), which records it and wakes the attempt through
+    Postgres (``activities.callbacks``); a lost callback costs the route's window, then a poll. The money
+    guarantees are the same as polling's."""
+
+    LABEL = "predictions · callbacks"
+    ADAPTER = AdapterKind.PREDICTIONS
+    MODE = VendorMode.LOOKUP_ONLY
+    EXECUTOR = CALLBACK_ROUTE
+    ESTIMATE = Decimal("0.10")
+    PRICE = Price(per_second=PRICE_PER_SECOND)
+    VENDOR: ClassVar[dict[str, Any]] = {"latency_seconds": 0.2}
+    OVERCHARGE_BY = "time"
+    ROUTE: ClassVar[dict[str, Any]] = {
+        "webhook_url": f"https://hooks.ledgerflow.test/callbacks/{CALLBACK_ROUTE}?operation_key={{operation_key}}",
+        "callback": {"secret_env": CALLBACK_ENV, "window": 1.0},
+        # One route name for every scenario of the class: its shared breaker must not carry one scenario's
+        # errors into the next.
+        "breaker": {"min_calls": 1000},
+    }
+    NOT_APPLICABLE = TestPredictions.NOT_APPLICABLE
+
+    def executor(self, suffix: str) -> str:
+        return CALLBACK_ROUTE
+
+    @pytest.fixture
+    def contract_vendor(
+        self, ledgerflow_simulator: SimulatorAdmin, recorder: Recorder, tmp_path: Path
+    ) -> Iterator[SimulatorVendor]:
+        routes = tmp_path / "receiver-routes.yaml"
+        spec = {"adapter": str(self.ADAPTER), "price": self.PRICE.model_dump(mode="json"), **self.ROUTE}
+        routes.write_text(yaml.safe_dump({"routes": {CALLBACK_ROUTE: spec}}))
+        os.environ[CALLBACK_ENV] = CALLBACK_SECRET  # the receiver reads its secret from its environment
+        settings = Settings(database_url=recorder.url, routes_file=routes, env="dev")
+        with serving.served(create_app(settings), lifespan="on") as receiver:
+            webhooks = {"secret": CALLBACK_SECRET, "rewrite_host": receiver}
+            yield SimulatorVendor(
+                ledgerflow_simulator, self.MODE, self.VENDOR, {"webhooks": webhooks}, None, self.OVERCHARGE_BY
+            )
+
+    async def waker(self, env: ContractEnv) -> CallbackWaker | None:
+        waker = CallbackWaker(env.recorder.url)
+        await waker.start()
+        env.stack.push_async_callback(waker.close)
+        self._waker = waker
+        return waker
+
+    async def test_submit(self, contract_env: ContractEnv) -> None:
+        """A plain call, completed by its callback: the attempt was woken (not left to poll its window)."""
+        await super().test_submit(contract_env)
+        assert self._waker.woken >= 1, "the vendor's callback woke the attempt"
+
+
+CONFIGS.append(TestPredictionsCallback)
