@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable
 from decimal import Decimal
+from typing import Any
 
 from temporalio import activity
 
@@ -233,7 +235,14 @@ class StageActivities(ClosingActivities):
         self, op: Operation, adapter: VendorAdapter, inp: StageInput, state: OperationState, attempt: _Attempt
     ) -> VendorJob | StoredEvent:
         caps = adapter.capabilities
-        files = await self._input_urls(op, inp)
+        try:
+            files = await self._input_urls(op, inp)
+        except VendorRejected as e:
+            if isinstance(e, VendorAuthError):
+                raise await self._pause(inp.executor, e) from e
+            # An input the vendor will not take (too large, a type it refuses): nothing was sent or charged,
+            # and sending it again changes nothing — a person decides, as for a refused request.
+            return await op.failure(FailureKind.CONTENT, f"an input was not taken: {e}", Decimal(0))
         if isinstance(files, StoredEvent):
             return files  # an input is gone: nothing was sent, its producer makes it again
         timeout = adapter.route.timeouts.request
@@ -322,10 +331,28 @@ class StageActivities(ClosingActivities):
         inputs = refs(inp.input.get("inputs"))
         if (lost := await op.check_inputs(inputs, self.outputs.store_for)) is not None:
             return lost
+        route = self.adapters.table.routes.get(inp.executor)
+        if route is not None and route.inputs == "upload":
+            return {r["sha256"]: await self._upload(inp.executor, r) for r in inputs}
         return {
             r["sha256"]: await asyncio.to_thread(self.outputs.store_for(r["uri"]).fetch_url, r["uri"])
             for r in inputs
         }
+
+    async def _upload(self, executor: str, ref: dict[str, Any]) -> str:
+        """One input, its bytes read from the store and checked against its sha256 again, POSTed to the
+        vendor (``inputs: upload``); the URL the vendor answered."""
+        store = self.outputs.store_for(ref["uri"])
+        data = await asyncio.to_thread(lambda: b"".join(store.open_read(ref["uri"])))
+        if hashlib.sha256(data).hexdigest() != ref["sha256"]:
+            raise VendorRejected(f"input {ref['sha256'][:12]}… changed in the store; not uploaded")
+        adapter = self.adapters.get(executor)
+        upload = getattr(adapter, "upload", None)
+        if upload is None:
+            raise VendorRejected(f"route {executor}'s adapter takes no uploads; nothing was sent")
+        name = f"{ref.get('node') or 'input'}-{ref['sha256'][:12]}".replace("/", "-")
+        url: str = await upload(data, filename=name, content_type="application/octet-stream")
+        return url
 
     async def _poll(
         self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob

@@ -289,6 +289,27 @@ class HttpVendor:
                     "private, link-local or metadata address the route does not allow-list"
                 )
 
+    async def upload(self, data: bytes, *, filename: str, content_type: str) -> str:
+        """POST one input file to the route's ``upload`` place (``inputs: upload``) and return the URL the
+        vendor answered for it, to stand in the request where the file goes. Free, and sent before the
+        operation's write-ahead marker: a lost answer is simply uploaded again."""
+        spec = self.route.upload
+        if spec is None:
+            raise VendorRejected(
+                "the route takes no uploads (no upload: in its route file); nothing was sent"
+            )
+        if len(data) > spec.max_bytes:
+            raise VendorRejected(
+                f"input {filename} is {len(data)} bytes, more than upload.max_bytes; not sent"
+            )
+        response = await self.request("POST", spec.path, files={spec.field: (filename, data, content_type)})
+        found: Any = json_or_none(response)
+        for part in spec.url_field.split("."):
+            found = found.get(part) if isinstance(found, dict) else None
+        if not isinstance(found, str) or not found.startswith(("https://", "http://")) or len(found) > 4000:
+            raise VendorBadResponse(f"the upload's answer has no URL at {spec.url_field}")
+        return found
+
     async def download(self, job: VendorJob, sink: Callable[[bytes], Awaitable[None] | None]) -> None:
         """Stream a succeeded job's output into ``sink`` (VendorNotFound if the job names none)."""
         if job.result is None:

@@ -321,6 +321,17 @@ class Breaker(_Strict):
         )
 
 
+class UploadSpec(_Strict):
+    """Where a vendor that fetches no outside URL takes input files (``inputs: upload``): a multipart POST of
+    each file to ``path`` (its own origin, its own credential), the URL it answers to use in the request."""
+
+    path: str = Field(pattern=r"^/[A-Za-z0-9_./~-]{0,300}$")  # relative to base_url, like the adapter's paths
+    field: str = Field(default="content", pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # the multipart field
+    # Where the answer's JSON holds the file's URL: a dotted path ("urls.get": Replicate's Files API).
+    url_field: str = Field(default="url", pattern=r"^[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,4}$")
+    max_bytes: Bytes = 256 * 1024 * 1024  # a larger input is not sent (the node fails, nothing paid)
+
+
 class CallbackSpec(_Strict):
     """How the vendor's calls to ``webhook_url`` are verified by the webhook receiver (``ledgerflow webhooks
     serve``, ``ledgerflow.webhooks``). A callback only wakes the worker waiting on its operation: the worker
@@ -391,6 +402,11 @@ class RouteSpec(_Strict):
     # How its callbacks are verified and how long a worker waits for one (None: no callbacks; the worker
     # polls). Needs webhook_url.
     callback: CallbackSpec | None = None
+    # How input files reach the vendor: ``url`` (default) a URL the store makes for each send (presigned on
+    # S3), which the vendor fetches; ``upload`` each file POSTed to the vendor first (``upload``), for a
+    # vendor that fetches nothing from outside.
+    inputs: Literal["url", "upload"] = "url"
+    upload: UploadSpec | None = None
     # The rights the vendor's terms grant its outputs (license, holder …), recorded with each artifact whose
     # answer states none: Replicate's and OpenAI's APIs carry no rights metadata, and the compliance check
     # (rules.checks) blocks an artifact without. A vendor's own rights metadata, where it gives some, wins.
@@ -454,6 +470,12 @@ class RouteSpec(_Strict):
             raise ValueError(
                 "callback needs webhook_url (where the vendor calls, with {operation_key} in it)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _upload_has_a_place(self) -> RouteSpec:
+        if self.inputs == "upload" and self.upload is None:
+            raise ValueError("inputs: upload needs upload: {path: …} (where the vendor takes the files)")
         return self
 
     @model_validator(mode="after")

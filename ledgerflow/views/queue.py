@@ -278,7 +278,7 @@ _VARYING: Final = re.compile(
 def cause(kind: str | None, error: str) -> str:
     """A failure's systemic cause: its kind and its error with what varies from one occurrence to the next
     (numbers, ids, operation keys, task ids) blanked, so "40% of the dead letters are validator timeouts"
-    shows as one cause (seed 004)."""
+    shows as one cause."""
     shape = " ".join(_VARYING.sub("#", error[:300]).split())
     return f"{kind or 'unknown'}: {shape}" if shape else kind or "unknown"
 

@@ -9,6 +9,7 @@ vendor's key there. ``/charges``, ``/chat/stats`` and ``/admin/*`` are the test 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from vendors.simulator.config import SimConfig
 from vendors.simulator.outputs import Output
 from vendors.simulator.predictions import PredictionRequest, PredictionsApi
 from vendors.simulator.queue import QueueApi
-from vendors.simulator.state import JobRequest, SimError, SimState
+from vendors.simulator.state import UPLOADS, JobRequest, SimError, SimState
 
 DRIP_BYTES = 16  # what a dripping download sends at a time
 
@@ -117,6 +118,27 @@ def create_app(state: SimState) -> FastAPI:
     @api.post("/v1/predictions/{prediction_id}/cancel")
     def cancel_prediction(prediction_id: str, request: Request) -> Response:
         return _raw_json(predictions.cancel(prediction_id, base_of(request)))
+
+    # Replicate's Files API: an input file uploaded first, for a route with ``inputs: upload``. Its URL is
+    # read back by the simulator itself when a request names it (state.UPLOADS).
+    @api.post("/v1/files")
+    async def upload_file(request: Request) -> dict[str, Any]:
+        async with request.form() as form:
+            content = form.get("content")
+            if content is None or isinstance(content, str):
+                raise SimError(400, "invalid", "a multipart field 'content' holding the file is required")
+            data = await content.read()
+        fid = hashlib.sha256(data).hexdigest()[:24]
+        UPLOADS[fid] = data
+        url = f"{base_of(request)}/v1/files/{fid}"
+        return {"id": fid, "size": len(data), "urls": {"get": url}}
+
+    @api.get("/v1/files/{file_id}")
+    def get_file(file_id: str) -> Response:
+        data = UPLOADS.get(file_id)
+        if data is None:
+            raise SimError(404, "not_found", f"no file {file_id}")
+        return Response(data, media_type="application/octet-stream")
 
     @api.get("/v1/webhooks/default/secret")
     def webhook_secret() -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from collections import defaultdict
@@ -155,6 +156,12 @@ def reported_cost(profile: ExecutorProfile, estimate: Decimal) -> str:
     return money(cost)
 
 
+# Files uploaded to the simulator (Replicate's Files API: POST /v1/files), by id: an input URL naming one is
+# read from here (a vendor reads its own files; they are not on the outside web).
+UPLOADS: dict[str, bytes] = {}
+_UPLOAD_PATH = re.compile(r"/v1/files/([A-Za-z0-9_-]{1,64})$")
+
+
 def deliverable(
     executor: str, request: dict[str, Any], inputs: list[tuple[str, str | None]], draw: Draw
 ) -> tuple[Output | None, str | None]:
@@ -180,8 +187,11 @@ def fetch_input(url: str, sha256: str | None, timeout: float = 10.0) -> str | No
     """Fetch one input the way a vendor does (http(s) or a file on this machine); the problem, or None.
     ``sha256``: the hash the request gave it (None: the protocol sends none, as Replicate's; only fetched)."""
     name = f"{sha256[:12]}…" if sha256 else url.split("?", 1)[0][-60:]
+    own = _UPLOAD_PATH.search(urlparse(url).path)
     try:
-        if url.startswith("file://"):
+        if own is not None and own.group(1) in UPLOADS:
+            data = UPLOADS[own.group(1)]
+        elif url.startswith("file://"):
             data = Path(unquote(urlparse(url).path)).read_bytes()
         else:
             response = httpx.get(url, timeout=timeout)
