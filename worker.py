@@ -85,6 +85,7 @@ async def build_worker(
         table,
         price_history=settings.price_history,
         price_cache_s=settings.price_cache_seconds,
+        notify_projects=frozenset(settings.notify_webhooks),
     )
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
     waker = None
@@ -129,6 +130,7 @@ async def build_worker(
             llm.decide,
             people.record_batch,
             people.record_changes,
+            people.notify,
             people.arrivals,
             billing.reconcile,
         ],

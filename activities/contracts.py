@@ -41,6 +41,7 @@ class Activity(StrEnum):
     PEOPLE_RECORD_BATCH = "people.record_batch"
     PEOPLE_ARRIVALS = "people.arrivals"
     PEOPLE_RECORD_CHANGES = "people.record_changes"  # people's signed changes to a running task
+    PEOPLE_NOTIFY = "people.notify"  # a project's webhook told of a request (opened, due soon, resolved)
     # The scheduled billing reconciliation (activities/billing.py, workflows/reconciliation.py): no task's.
     BILLING_RECONCILE = "billing.reconcile"
     # Removed: no worker registers it. Scheduled only when replaying a history recorded before
@@ -284,6 +285,23 @@ class OpenTaskResult(BaseModel):
     epoch: int
     events: list[StoredEvent]
     complete: bool = True  # False: there are more events after the last one returned
+    # The worker's configuration names a webhook for the task's project: the run tells it of each request
+    # (people.notify). False in runs recorded before notifications (nothing was told).
+    notify: bool = False
+
+
+class NotifyInput(BaseModel):
+    """One notification to a project's people: a request of a task opened, nears its deadline, or resolved."""
+
+    task_id: str
+    project: str
+    event: str  # opened | due_soon | resolved
+    request_id: str
+    kind: str
+    node: str | None = None
+    reason: str = ""
+    deadline: datetime | None = None
+    resolution: str | None = None
 
 
 class AppendInput(BaseModel):

@@ -47,6 +47,7 @@ class LedgerActivities:
         *,
         price_history: int = 0,
         price_cache_s: float = 60.0,
+        notify_projects: frozenset[str] = frozenset(),
     ) -> None:
         self.recorder = recorder
         # This deployment's routes: a new task's plan is validated against them (None: not validated), and
@@ -55,6 +56,8 @@ class LedgerActivities:
         self.routes: Routes | None = table.names() if table is not None else None
         self.price_history = price_history  # results per route a learned price reads (0: none)
         self.price_cache_s = price_cache_s  # how long a worker reuses what the ledger taught
+        # The projects whose people are told of their requests ("*": every one): settings.notify_webhooks.
+        self.notify_projects = notify_projects
         self._learned: tuple[float, frozenset[str], dict[str, tuple[Decimal, int]]] | None = None
         self._learned_lock = threading.Lock()
 
@@ -99,9 +102,10 @@ class LedgerActivities:
             except DuplicateEvent:
                 pass  # a concurrent opener wrote it first; the read below returns it
             events = self.recorder.read_events(inp.task_id)
+        notify = inp.plan.project in self.notify_projects or "*" in self.notify_projects
         if inp.limit is not None and len(events) > inp.limit:
-            return OpenTaskResult(epoch=epoch, events=events[: inp.limit], complete=False)
-        return OpenTaskResult(epoch=epoch, events=events)
+            return OpenTaskResult(epoch=epoch, events=events[: inp.limit], complete=False, notify=notify)
+        return OpenTaskResult(epoch=epoch, events=events, notify=notify)
 
     def _price_book(self, plan: Plan) -> PriceBook:
         """What each stage's routes say a node costs, now: their declared bounds (the route table) and learned

@@ -16,13 +16,23 @@ the ledger being unreachable raises, and the workflow's retry policy retries tha
 from __future__ import annotations
 
 import hashlib
+import json
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import httpx
 from temporalio import activity
 from temporalio.client import Client
 
-from activities.contracts import Activity, ArrivalsInput, Received, RecordChangesInput, RecordDecisionsInput
+from activities.contracts import (
+    Activity,
+    ArrivalsInput,
+    NotifyInput,
+    Received,
+    RecordChangesInput,
+    RecordDecisionsInput,
+)
 from ledger.recorder import Recorder
 from rules.approvers import KeyRecord
 from rules.changes import evaluate_change, recovery
@@ -44,6 +54,7 @@ from rules.pricing import RoutePrice
 from rules.projection import Projection, apply, fold
 from runtime.settings import ConfigError, Settings
 from runtime.signing import demo_public_keys, verify
+from runtime.standard_webhooks import sign
 from vendors.routes import deployment_table
 
 DEMO_REFUSED = "a demo key: refused outside dev mode (LEDGERFLOW_ENV=dev)"
@@ -174,6 +185,42 @@ class PeopleActivities:
                     for e in self.recorder.read_events(task_id, after_seq=p.watermark):
                         apply(p, e)
         return self.recorder.read_events(task_id, after_seq=inp.after)
+
+    @activity.defn(name=Activity.PEOPLE_NOTIFY)
+    async def notify(self, inp: NotifyInput) -> None:
+        """Tell the project's people of a request: POST a JSON notification to its webhook, signed with the
+        Standard Webhooks scheme; a failed delivery raises, and Temporal retries it with backoff under the
+        same ``webhook-id`` (the receiver can drop a repeat). Nothing configured: nothing sent."""
+        url = self.settings.notify_url(inp.project)
+        if url is None:
+            return
+        secret = self.settings.credential(self.settings.notify_secret_env)
+        page = self.settings.review_url
+        body = {
+            "type": f"request.{inp.event}",
+            "task_id": inp.task_id,
+            "project": inp.project,
+            "request_id": inp.request_id,
+            "kind": inp.kind,
+            "node": inp.node,
+            "reason": inp.reason,
+            "deadline": inp.deadline.isoformat() if inp.deadline else None,
+            "resolution": inp.resolution,
+            "page_url": f"{page.rstrip('/')}/requests/{inp.task_id}/{inp.request_id}" if page else None,
+        }
+        raw = json.dumps(body, sort_keys=True).encode()
+        msg_id = (
+            "msg_" + hashlib.sha256(f"{inp.task_id}\n{inp.request_id}\n{inp.event}".encode()).hexdigest()[:32]
+        )
+        headers = {"content-type": "application/json", **sign(secret, msg_id, int(time.time()), raw)}
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            try:
+                answer = await client.post(url, content=raw, headers=headers)
+            except httpx.HTTPError as e:
+                why = f"notification to {inp.project}'s webhook not delivered: {type(e).__name__}"
+                raise RuntimeError(why) from None
+        if not answer.is_success:
+            raise RuntimeError(f"notification to {inp.project}'s webhook answered {answer.status_code}")
 
     @activity.defn(name=Activity.PEOPLE_ARRIVALS)
     async def arrivals(self, inp: ArrivalsInput) -> dict[str, datetime]:

@@ -104,6 +104,17 @@ class Settings(BaseSettings):
     # audit trust only approver keys whose registry entry one of them endorsed (`ledgerflow keys endorse`).
     # Configuration, never the database: whoever can write the registry cannot add a root.
     key_roots: str | None = None
+    # People are told (docs/reviewers.md): per project, the URL a signed notification (Standard Webhooks) is
+    # POSTed to when one of its task's requests opens, nears its deadline or is resolved
+    # (LEDGERFLOW_NOTIFY_WEBHOOKS: a JSON object project -> URL; "*" for every project), signed with the
+    # secret LEDGERFLOW_NOTIFY_SECRET holds; each links to the request on the page at LEDGERFLOW_REVIEW_URL.
+    notify_webhooks: dict[str, str] = Field(default_factory=dict)
+    notify_secret_env: str = "LEDGERFLOW_NOTIFY_SECRET"
+    review_url: str | None = None
+
+    def notify_url(self, project: str) -> str | None:
+        """Where a project's people are told of its requests (None: nobody is)."""
+        return self.notify_webhooks.get(project) or self.notify_webhooks.get("*")
 
     def credential(self, env_name: str) -> str:
         """The secret a route's ``credential_env`` names. Read inside the worker only, never passed on."""

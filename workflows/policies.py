@@ -84,3 +84,14 @@ LLM_RETRY = RetryPolicy(
     maximum_attempts=3,
     non_retryable_error_types=[ErrorType.LLM_REJECTED],
 )
+
+# People are told of their requests (activities.people.notify): a notification is retried with backoff for up
+# to an hour, and never fails the task; a task that ends waits this long at most for the last ones to go out.
+NOTIFY = "notify-v1"
+NOTIFY_TIMEOUT = timedelta(seconds=30)
+NOTIFY_WITHIN = timedelta(hours=1)
+NOTIFY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=60)
+)
+NOTICES_DRAIN = timedelta(seconds=60)
+DUE_SOON = 0.8  # a request is "due soon" once this share of its time to the deadline has passed

@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         GateInput,
         LlmDecideInput,
         MarkInput,
+        NotifyInput,
         OpenTaskInput,
         OpenTaskResult,
         ReadInput,
@@ -81,7 +82,7 @@ with workflow.unsafe.imports_passed_through():
         ask_person,
         check_llm_action,
     )
-    from rules.people import answer_after, decision_ref, final_deadline, precheck
+    from rules.people import answer_after, decision_ref, describe_view, final_deadline, precheck
     from rules.projection import Projection, apply, apply_provisional, fold, refold, summary
     from rules.table import (
         RULES_VERSION,
@@ -112,6 +113,7 @@ with workflow.unsafe.imports_passed_through():
         COMPENSATION,
         CONTINUE_AS_NEW,
         DECISION_BATCH,
+        DUE_SOON,
         FAIR_DECISIONS,
         INTENT_IN_EXECUTOR,
         LEDGER_PAGE,
@@ -120,6 +122,11 @@ with workflow.unsafe.imports_passed_through():
         LEDGER_TIMEOUT,
         LLM_RETRY,
         LLM_TIMEOUT,
+        NOTICES_DRAIN,
+        NOTIFY,
+        NOTIFY_RETRY,
+        NOTIFY_TIMEOUT,
+        NOTIFY_WITHIN,
         OPERATION_CLOSE,
         STAGE_RETRY,
         SUGGESTION_MIN_GROWTH,
@@ -156,6 +163,11 @@ class TaskWorkflow:
         # People's signed changes (the ``change`` Update), not yet ruled on, and the rulings told.
         self._changes: list[tuple[Any, datetime]] = []
         self._change_rulings: dict[str, DecisionRuling] = {}
+        # People told of their requests (the worker names a webhook for the project: OpenTaskResult.notify).
+        self._notify = False
+        self._announced: dict[str, str] = {}  # request id -> the last event told (opened, resolved)
+        self._notices: set[asyncio.Task[None]] = set()  # notifications on their way
+        self._due: set[asyncio.Task[None]] = set()  # timers that will say "due soon"
         self._to_write: dict[str, NewEvent] = {}  # operation key -> the INTENT its executor is to write
         self._intents_in_executor = False  # this run's executors write their INTENTs (INTENT_IN_EXECUTOR)
         # INTENTs the ledger refused to write: (operation key, why, the scope that is short).
@@ -226,6 +238,7 @@ class TaskWorkflow:
         )
         opened: OpenTaskResult = await self._local(Activity.OPEN_TASK, opening, OpenTaskResult)
         self._epoch = opened.epoch
+        self._notify = opened.notify and workflow.patched(NOTIFY)
         self._p = p = fold(opened.events)
         if not opened.complete:  # a long ledger (a continued run, a takeover): the rest in pages
             self._apply(p, await self._read_all(p.task_id, after=p.watermark))
@@ -290,6 +303,12 @@ class TaskWorkflow:
         # Every Update told its ruling returns it before the workflow ends (a decision arriving after the
         # task's end is refused by the validator: nothing to decide).
         await workflow.wait_condition(workflow.all_handlers_finished)
+        for timer in list(self._due):
+            timer.cancel()  # "due soon" of requests the task's end closed: not needed
+        if self._notices:
+            # The last notifications (a request resolved by the task's end) go out, within a bound.
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: not self._notices, timeout=NOTICES_DRAIN)
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
 
     async def _compensate(self, p: Projection) -> None:
@@ -380,6 +399,8 @@ class TaskWorkflow:
             + (", waiting for a person" if waiting else "")
             + (f", paused by {p.paused_by}" if p.paused_by is not None else "")
         )
+        if self._notify:
+            self._announce(p)
         told = (p.state, verdict, waiting, done)
         if told == self._told or not workflow.patched(UI_STORY):
             return
@@ -394,6 +415,61 @@ class TaskWorkflow:
                 WAITING.value_set(waiting),
             ]
         )
+
+    # ── people told of their requests ───────────────────────────────────────────────────────────────
+    def _announce(self, p: Projection) -> None:
+        """Tell the project's webhook of each request that opened or was resolved since the last look, and
+        arm a "due soon" for each one that opened with a deadline (activities.people.notify)."""
+        for rid, view in p.requests.items():
+            said = self._announced.get(rid)
+            if view.open and said is None:
+                self._announced[rid] = "opened"
+                self._tell_people(p, rid, "opened")
+                deadline = view.deadline
+                if deadline is not None and deadline > workflow.now():
+                    wait = (deadline - workflow.now()) * DUE_SOON
+                    self._keep(asyncio.create_task(self._due_soon(rid, wait)), self._due)
+            elif not view.open and said == "opened":
+                self._announced[rid] = "resolved"
+                self._tell_people(p, rid, "resolved", describe_view(view))
+
+    def _tell_people(self, p: Projection, rid: str, event: str, resolution: str | None = None) -> None:
+        req = p.requests[rid].request
+        notice = NotifyInput(
+            task_id=p.task_id,
+            project=p.plan.project,
+            event=event,
+            request_id=rid,
+            kind=req.kind.value,
+            node=req.node,
+            reason=req.reason[:1000],
+            deadline=p.requests[rid].deadline,
+            resolution=resolution,
+        )
+        self._keep(asyncio.create_task(self._notice(notice)), self._notices)
+
+    @staticmethod
+    def _keep(task: asyncio.Task[None], where: set[asyncio.Task[None]]) -> None:
+        where.add(task)
+        task.add_done_callback(where.discard)
+
+    async def _notice(self, notice: NotifyInput) -> None:
+        # A notification never fails the task: the request is in the queue and on the page anyway.
+        with contextlib.suppress(ActivityError):
+            await workflow.execute_activity(
+                Activity.PEOPLE_NOTIFY,
+                notice,
+                start_to_close_timeout=NOTIFY_TIMEOUT,
+                schedule_to_close_timeout=NOTIFY_WITHIN,
+                retry_policy=NOTIFY_RETRY,
+                summary=f"tell people: {notice.request_id} {notice.event}",
+            )
+
+    async def _due_soon(self, rid: str, wait: timedelta) -> None:
+        await workflow.sleep(wait)
+        p = self._p
+        if p is not None and rid in p.requests and p.requests[rid].open and not p.terminal:
+            self._tell_people(p, rid, "due_soon")
 
     async def _stop_in_flight(self, p: Projection) -> None:
         """A terminal task (R1/R2/R4) stops its in-flight work, and every operation gets its one result.

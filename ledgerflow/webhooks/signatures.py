@@ -15,8 +15,6 @@ and the receiver's log: it never holds the secret or the expected signature.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
 import re
@@ -24,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-SECRET_PREFIX: Final = "whsec_"
+from runtime.standard_webhooks import sign, signature, standard_key
+
 MAX_ID: Final = 200
 _HEX_DIGEST: Final = re.compile(r"[0-9a-fA-F]{64}")
 _TIMESTAMP: Final = re.compile(r"[0-9]{1,12}")
@@ -42,18 +41,8 @@ class Verdict:
         return self.kind == "accepted"
 
 
-def standard_key(secret: str) -> bytes:
-    """The HMAC key of a Standard Webhooks secret (``whsec_`` + base64). ValueError (naming no part of the
-    secret) if it is not base64."""
-    try:
-        return base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("the callback secret is not a Standard Webhooks secret (whsec_ + base64)") from None
-
-
 def _standard_signature(key: bytes, msg_id: str, timestamp: str, body: bytes) -> bytes:
-    digest = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return base64.b64encode(digest)
+    return signature(key, msg_id, timestamp, body)
 
 
 def verify_standard(
@@ -121,5 +110,4 @@ def verify_hmac(secret: str, header_value: str | None, body: bytes) -> Verdict:
 def sign_standard(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
     """The Standard Webhooks headers a vendor would send with ``body``: for tests and fake vendors (the
     receiver only verifies)."""
-    signature = _standard_signature(standard_key(secret), msg_id, str(timestamp), body).decode()
-    return {"webhook-id": msg_id, "webhook-timestamp": str(timestamp), "webhook-signature": f"v1,{signature}"}
+    return sign(secret, msg_id, timestamp, body)
