@@ -40,7 +40,7 @@ E001 = (ROOT / "examples" / "e001_video.yaml").read_text()
 SECRET = "whsec_" + "ZTAwMS13ZWJob29rLXNlY3JldC0wMTIzNDU2Nzg5YWI="
 SECRET_ENV = "LF_TEST_E001_HOOK"
 PASSWORD = "test-e001-receiver-password-0123"
-WINDOW = 6.0  # seconds a motion attempt waits for its callback before it polls the vendor anyway
+WINDOW = 10.0  # seconds a motion attempt waits for its callback before it polls the vendor anyway
 
 
 def free_port() -> int:
