@@ -368,65 +368,50 @@ def create_app(
         body = {**detail, "budget_scopes": choices.scopes, "default_scope": choices.default}
         return Response(json.dumps(body, default=str), media_type="application/json")
 
-    @app.post("/api/decisions/{task_id}")
-    async def api_decide(request: Request, task_id: str) -> Response:
+    async def signed_here(
+        request: Request, task_id: str, what: str, parse: Callable[[Any], Any]
+    ) -> dict[str, Any]:
+        """A signed payload posted by a logged-in approver: their session, CSRF token and rate, its shape,
+        their own signature (not someone else's), and their scope over the task; the payload, as posted."""
         identity = await to_thread.run_sync(api_identity, request)  # a cookie's logout is a ledger read
         auth.check_csrf(request, identity, None)
-        decisions.check(f"decide:{identity.approver}", f"decisions from {identity.approver}")
+        decisions.check(f"decide:{identity.approver}", f"{what}s from {identity.approver}")
         check_task_id(task_id)
-        payload = await json_body(request)
-        parsed = parse_decision(payload)
+        payload: dict[str, Any] = await json_body(request)
+        parsed = parse(payload)
         if isinstance(parsed, str):
             raise HTTPException(400, parsed)
         if parsed.approver != identity.approver:
             raise HTTPException(
-                403,
-                f"you are {identity.approver}: a decision signed as {parsed.approver} is not yours to send",
+                403, f"you are {identity.approver}: a {what} signed as {parsed.approver} is not yours to send"
             )
         await to_thread.run_sync(check_covers, identity, task_id)
+        return payload
+
+    def answered(sent: people.Sent, id_field: str) -> Response:
+        body = {id_field: sent.decision_id, "status": sent.status, "detail": sent.detail, "line": sent.line}
+        return JSONResponse(body, status_code=202 if sent.status == "pending" else 200)
+
+    @app.post("/api/decisions/{task_id}")
+    async def api_decide(request: Request, task_id: str) -> Response:
+        payload = await signed_here(request, task_id, "decision", parse_decision)
 
         def relay() -> people.Sent:
             # relay reads the ledger synchronously (a fold, then polls): on a thread of its own, with its own
             # loop, so a slow or locked ledger never stalls the page's event loop for everyone else.
             return asyncio.run(people.relay(settings, task_id, payload, timeout=relay_timeout))
 
-        sent = await to_thread.run_sync(relay)
-        body = {
-            "decision_id": sent.decision_id,
-            "status": sent.status,
-            "detail": sent.detail,
-            "line": sent.line,
-        }
-        return JSONResponse(body, status_code=202 if sent.status == "pending" else 200)
+        return answered(await to_thread.run_sync(relay), "decision_id")
 
     @app.post("/api/changes/{task_id}")
     async def api_change(request: Request, task_id: str) -> Response:
         """A signed change to a running task (rules.changes), signed in the browser like a decision."""
-        identity = await to_thread.run_sync(api_identity, request)
-        auth.check_csrf(request, identity, None)
-        decisions.check(f"decide:{identity.approver}", f"changes from {identity.approver}")
-        check_task_id(task_id)
-        payload = await json_body(request)
-        parsed = parse_change(payload)
-        if isinstance(parsed, str):
-            raise HTTPException(400, parsed)
-        if parsed.approver != identity.approver:
-            raise HTTPException(
-                403, f"you are {identity.approver}: a change signed as {parsed.approver} is not yours to send"
-            )
-        await to_thread.run_sync(check_covers, identity, task_id)
+        payload = await signed_here(request, task_id, "change", parse_change)
 
         def relay() -> people.Sent:
             return asyncio.run(people.send_change(settings, task_id, payload, timeout=relay_timeout))
 
-        sent = await to_thread.run_sync(relay)
-        body = {
-            "change_id": sent.decision_id,
-            "status": sent.status,
-            "detail": sent.detail,
-            "line": sent.line,
-        }
-        return JSONResponse(body, status_code=202 if sent.status == "pending" else 200)
+        return answered(await to_thread.run_sync(relay), "change_id")
 
     return app
 

@@ -381,14 +381,30 @@ async def ask(
     """The decision as a ``decide`` Update: its ruling, or None if no worker accepted it within
     ``accept_within`` seconds (the caller then sends the signal). A ruling that takes past ``timeout`` is
     ``pending`` (the Update goes on: its ruling lands in the ledger)."""
-    from workflows.contracts import DECIDE, DecisionRuling, workflow_id
+    from workflows.contracts import DECIDE
 
     did = str(payload.get("decision_id", ""))
+    return await _update(settings, task_id, DECIDE, did, payload, accept_within, timeout)
+
+
+async def _update(
+    settings: Settings,
+    task_id: str,
+    name: str,
+    ref: str,
+    payload: dict[str, Any],
+    accept_within: float,
+    timeout: float,
+) -> Sent | None:
+    """Send ``payload`` as the task's ``name`` Update and return its ruling; None if no worker accepted it
+    within ``accept_within`` seconds. A validator's refusal is the sender's to read (nothing was recorded)."""
+    from workflows.contracts import DecisionRuling, workflow_id
+
     client = await connect(settings)
     handle = client.get_workflow_handle(workflow_id(task_id))
     try:
         update = await handle.start_update(
-            DECIDE,
+            name,
             payload,
             wait_for_stage=WorkflowUpdateStage.ACCEPTED,
             result_type=DecisionRuling,
@@ -396,20 +412,19 @@ async def ask(
         )
         told: DecisionRuling = await asyncio.wait_for(update.result(), timeout)
     except WorkflowUpdateFailedError as e:
-        # The validator's refusal: nothing was recorded, and the reason is the sender's to read.
         cause = e.cause
         reason = cause.message if isinstance(cause, ApplicationError) else str(cause or e)
         if reason.startswith("already resolved: "):
-            return Sent(did, "already resolved", reason.removeprefix("already resolved: "))
-        return Sent(did, "rejected", reason)
+            return Sent(ref, "already resolved", reason.removeprefix("already resolved: "))
+        return Sent(ref, "rejected", reason)
     except WorkflowUpdateRPCTimeoutOrCancelledError:
-        return None  # no worker took it in time: the signal will
+        return None
     except TimeoutError:
-        return Sent(did, "pending", f"no ruling within {timeout:g}s (the worker is busy)")
+        return Sent(ref, "pending", f"no ruling within {timeout:g}s (the worker is busy)")
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:
             raise ClientError(f"task {task_id!r} has no running workflow ({e.message})") from None
-        raise ClientError(f"Temporal refused the decision for {handle.id}: {e.message}") from None
+        raise ClientError(f"Temporal refused the {name} for {handle.id}: {e.message}") from None
     return Sent(told.decision_id, told.status, told.detail)
 
 
@@ -469,35 +484,14 @@ async def send_change(
     """Send a signed change as it is and return its ruling. A change has no signal to fall back on: if no
     worker accepts it within a few seconds, it is reported ``pending`` and nothing was taken (send it again
     once a worker runs: the same change id is recorded once)."""
-    from workflows.contracts import CHANGE, DecisionRuling, workflow_id
+    from workflows.contracts import CHANGE
 
     cid = str(payload.get("change_id", ""))
-    client = await connect(settings)
-    handle = client.get_workflow_handle(workflow_id(task_id))
-    try:
-        update = await handle.start_update(
-            CHANGE,
-            payload,
-            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
-            result_type=DecisionRuling,
-            rpc_timeout=timedelta(seconds=min(ACCEPT_SECONDS, timeout)),
-        )
-        told: DecisionRuling = await asyncio.wait_for(update.result(), timeout)
-    except WorkflowUpdateFailedError as e:
-        cause = e.cause
-        return Sent(
-            cid, "rejected", cause.message if isinstance(cause, ApplicationError) else str(cause or e)
-        )
-    except WorkflowUpdateRPCTimeoutOrCancelledError:
-        why = f"no worker took the change within {min(ACCEPT_SECONDS, timeout):g}s: nothing was changed"
-        return Sent(cid, "pending", why)
-    except TimeoutError:
-        return Sent(cid, "pending", f"no ruling within {timeout:g}s (the worker is busy)")
-    except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND:
-            raise ClientError(f"task {task_id!r} has no running workflow ({e.message})") from None
-        raise ClientError(f"Temporal refused the change for {handle.id}: {e.message}") from None
-    return Sent(told.decision_id, told.status, told.detail)
+    within = min(ACCEPT_SECONDS, timeout)
+    told = await _update(settings, task_id, CHANGE, cid, payload, within, timeout)
+    if told is None:
+        return Sent(cid, "pending", f"no worker took the change within {within:g}s: nothing was changed")
+    return told
 
 
 # ── dead letters ─────────────────────────────────────────────────────────────────────────────────────
