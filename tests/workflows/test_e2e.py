@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 from pathlib import Path
 
@@ -59,7 +60,13 @@ async def test_e001_video_pipeline_completes_with_ledger_equal_to_vendor(lf, sim
 
 async def test_course_lesson_pipeline_completes(lf, sim):
     plan = lf.plan((ROOT / "examples" / "course_lesson.yaml").read_text())
-    result = await lf.run(plan)
+    try:
+        # Bounded: a lesson whose examples cannot run (no sandbox) escalates to a person and would wait on
+        # them until the plan's time ceiling; the test must fail, naming why, instead.
+        result = await asyncio.wait_for(lf.run(plan), 180)
+    except TimeoutError:
+        failures = [e.payload for e in lf.recorder.read_events(plan.task_id) if e.type == "Failure"]
+        raise AssertionError(f"the lesson did not complete within 180 s: {failures}") from None
     assert result.state == "Completed", result.summary
     events = lf.recorder.read_events(plan.task_id)
     outcome_total = sum((parse(e).actual_cost for e in events if e.type == "Outcome"), Decimal(0))
