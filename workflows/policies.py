@@ -95,3 +95,10 @@ NOTIFY_RETRY = RetryPolicy(
 )
 NOTICES_DRAIN = timedelta(seconds=60)
 DUE_SOON = 0.8  # a request is "due soon" once this share of its time to the deadline has passed
+
+# Every version check above answered once, at the run's start: a run recorded with this marker takes all of
+# them (workflows.task._has). Checked lazily, a marker is looked for in the workflow task where the code first
+# asks, and a person's Update (or signal) that a replay delivers one workflow task apart from the original run
+# would move that ask, and the replay would take the old body (seen: a status query's replay of a task decided
+# by an Update called the retired people.record).
+STEADY_PATCHES = "steady-patches-v1"

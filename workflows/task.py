@@ -129,6 +129,7 @@ with workflow.unsafe.imports_passed_through():
         NOTIFY_WITHIN,
         OPERATION_CLOSE,
         STAGE_RETRY,
+        STEADY_PATCHES,
         SUGGESTION_MIN_GROWTH,
         UI_STORY,
         UNDO_BUDGET,
@@ -173,6 +174,7 @@ class TaskWorkflow:
         # INTENTs the ledger refused to write: (operation key, why, the scope that is short).
         self._refused: list[tuple[str, str, str | None]] = []
         self._told: tuple[object, ...] | None = None  # what the search attributes last said (UI_STORY)
+        self._current = False  # the run was recorded with STEADY_PATCHES (``_has``)
         self._input: TaskInput | None = None
         self._draining = False  # the history is long: dispatch nothing more, then continue as new
         self._opened_length = 0  # the history's length once the task was opened (its ledger read)
@@ -223,6 +225,11 @@ class TaskWorkflow:
         if why is not None:
             raise ApplicationError(why, type=DECISION_REFUSED, non_retryable=True)
 
+    def _has(self, marker: str) -> bool:
+        """Whether this run takes the code ``marker`` versions (workflows/policies.py): every run recorded
+        with ``STEADY_PATCHES`` does; an older one as its history says (``workflow.patched``)."""
+        return self._current or workflow.patched(marker)
+
     @workflow.query(name="status")
     def status(self) -> dict[str, Any]:
         if self._p is None:
@@ -233,6 +240,10 @@ class TaskWorkflow:
     async def run(self, inp: TaskInput) -> TaskResult:
         self._task_id = inp.task_id
         self._input = inp
+        # Taken first, at a point every replay reaches the same way: a run recorded with this marker answers
+        # every later version check at once (``_has``), so none depends on when a person's Update or signal
+        # was delivered — which a replay may place one workflow task apart from the original run.
+        self._current = workflow.patched(STEADY_PATCHES)
         opening = OpenTaskInput(
             task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id, limit=LEDGER_PAGE
         )
@@ -246,7 +257,7 @@ class TaskWorkflow:
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
-        if workflow.patched(UI_STORY):
+        if self._has(UI_STORY):
             workflow.upsert_memo({"goal": p.plan.goal, "project": p.plan.project})
         while not p.terminal:
             if self._fenced is not None:
@@ -259,7 +270,7 @@ class TaskWorkflow:
             self._tell(p)
             if p.terminal:
                 break
-            if self._long_history() and workflow.patched(CONTINUE_AS_NEW):
+            if self._long_history() and self._has(CONTINUE_AS_NEW):
                 self._draining = True
                 quiet = not (self._running or p.provisional or self._inbox or self._changes or self._refused)
                 # An Update told its ruling still has to return it (no Update is lost to the new run).
@@ -282,10 +293,10 @@ class TaskWorkflow:
             # command replay expects); a timer left pending simply ends with the workflow.
             alarm.cancel()
         await self._stop_in_flight(p)
-        if p.uncompensated() and workflow.patched(COMPENSATION):
+        if p.uncompensated() and self._has(COMPENSATION):
             await self._compensate(p)
         voided = any(n.voided for n in p.nodes.values()) or any(v.voided for v in p.compensations.values())
-        if voided and workflow.patched(OPERATION_CLOSE):
+        if voided and self._has(OPERATION_CLOSE):
             # A voided operation was proven absent at the vendor; a job created for its key even later still
             # cost money: look for it once more before the task's books close.
             sweep = SweepInput(task_id=p.task_id)
@@ -324,7 +335,7 @@ class TaskWorkflow:
                     f"run fenced off: {self._fenced}", type=ErrorType.STALE_EPOCH, non_retryable=True
                 )
             self._adopt_open_operations(p)  # a run that took the task over: the undo a lost run began
-            if self._inbox and workflow.patched(UNDO_BUDGET):
+            if self._inbox and self._has(UNDO_BUDGET):
                 await self._take_decisions(p)  # the budget an undo waits for, and its resume
             self._tell(p)
             now = workflow.now()
@@ -402,7 +413,7 @@ class TaskWorkflow:
         if self._notify:
             self._announce(p)
         told = (p.state, verdict, waiting, done)
-        if told == self._told or not workflow.patched(UI_STORY):
+        if told == self._told or not self._has(UI_STORY):
             return
         self._told = told
         workflow.upsert_search_attributes(
@@ -489,14 +500,14 @@ class TaskWorkflow:
         if p.provisional:
             await self._close_intents(p)
         if not self._running:
-            if not p.in_flight() or not workflow.patched(OPERATION_CLOSE):
+            if not p.in_flight() or not self._has(OPERATION_CLOSE):
                 return
             await self._close_open(p)  # open in the ledger with no executor in this run (a dead worker's)
             return
         for handle in list(self._activities.values()):
             handle.cancel()
         await workflow.wait_condition(lambda: not self._running)
-        if workflow.patched(OPERATION_CLOSE):
+        if self._has(OPERATION_CLOSE):
             await self._close_open(p)
         else:
             await self._stop_in_flight_before_close(p)
@@ -521,7 +532,7 @@ class TaskWorkflow:
     async def _refold(self, p: Projection, drop: set[str]) -> None:
         """Rebuild the projection from the whole ledger without the provisional INTENTs in ``drop`` (never
         written). Rare (a refused reservation, a task closing mid-dispatch), so a full read is acceptable."""
-        if workflow.patched(LEDGER_PAGES):
+        if self._has(LEDGER_PAGES):
             events = await self._read_all(p.task_id, after=0)
         else:
             events = await self._read_in_one(p.task_id)
@@ -602,7 +613,7 @@ class TaskWorkflow:
         )
         key = intent_key(p.task_id, p.watermark, p.intents + 1)
         op_key = action.operation_key if isinstance(action, Dispatch | StaticGate | Compensate) else None
-        if isinstance(action, Dispatch) and workflow.patched(INTENT_IN_EXECUTOR):
+        if isinstance(action, Dispatch) and self._has(INTENT_IN_EXECUTOR):
             self._intents_in_executor = True
             self._to_write[action.operation_key] = to_new(intent, dedup_key=key, operation_key=op_key)
             apply_provisional(p, key, intent)
@@ -790,7 +801,7 @@ class TaskWorkflow:
                 return
             # The executor ended without a result (an error no retry can fix: a bug). The operation is closed
             # from the record and the vendor, so its reservation is settled and nothing paid for is lost.
-            if not workflow.patched(OPERATION_CLOSE):
+            if not self._has(OPERATION_CLOSE):
                 reserved = arg.estimate if isinstance(arg, StageInput) else Decimal(0)
                 await self._gave_up(node, op_key, reserved, FailureKind.TECHNICAL, error_text(e))
             else:
@@ -803,7 +814,7 @@ class TaskWorkflow:
     async def _take_decisions(self, p: Projection) -> None:
         """Validate and record each signalled decision (authenticated, authorised, first one wins) before
         acting on anything: a decision exists for the loop only once it is in the ledger."""
-        if self._inbox and not workflow.patched(FAIR_DECISIONS):
+        if self._inbox and not self._has(FAIR_DECISIONS):
             await self._take_decisions_one_at_a_time(p)
         while self._inbox:
             batch, self._inbox = self._inbox[:DECISION_BATCH], self._inbox[DECISION_BATCH:]
@@ -858,7 +869,7 @@ class TaskWorkflow:
 
     # ── waiting ──────────────────────────────────────────────────────────────────────────────────────
     async def _wait(self, p: Projection, action: Wait) -> None:
-        if self._unadopted(p) and workflow.patched(ADOPT_BEFORE_WAIT):
+        if self._unadopted(p) and self._has(ADOPT_BEFORE_WAIT):
             # An INTENT folded since the loop's last adoption (a person's decision was recorded together with
             # an INTENT a dead worker's run of this task had written) has no executor yet: waiting now would
             # wait for nothing. Start it, and wait for it.
@@ -870,14 +881,14 @@ class TaskWorkflow:
             timeout = max(timedelta(0), action.until - workflow.now())
         # A deadline that passed while the loop was busy has no timer to wake it (the rules' next deadline is
         # a future one): mark it now rather than wait, maybe until the time ceiling.
-        overdue = bool(past_deadline(p, workflow.now())) and workflow.patched(FAIR_DECISIONS)
+        overdue = bool(past_deadline(p, workflow.now())) and self._has(FAIR_DECISIONS)
         if not overdue:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self._woken, timeout=timeout)
         self._woken = False
         caught_up = self._fold_arrived(p)
         now = workflow.now()
-        if self._inbox and past_deadline(p, now) and workflow.patched(FAIR_DECISIONS):
+        if self._inbox and past_deadline(p, now) and self._has(FAIR_DECISIONS):
             # Decisions first: one that reached Temporal before the deadline wins over the timeout, even if
             # no worker was up at the deadline (people.arrivals finds when it arrived).
             await self._take_decisions(p)

@@ -31,6 +31,8 @@ REQUIRED = {
     # v4: a decision sent as the decide Update; a person's signed pause and resume (the change Update)
     "test_a_decision_sent_as_an_update_is_answered_with_its_ruling_and_acted_on",
     "test_a_paused_task_dispatches_nothing_new_finishes_what_is_in_flight_and_goes_on_after_resume",
+    # v5: every version check answered at the run's start (steady-patches-v1), a decision by Update
+    "test_a_node_goes_leased_running_waiting_human_succeeded_and_unrun_nodes_end_cancelled",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 
