@@ -404,6 +404,11 @@ class RouteStore:
             if what == Observation.ANOMALY and key is not None:
                 # One task's anomalies on a route are taken one at a time: the insert sees any before it.
                 conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-anomaly:{route}:{key.split(':', 1)[0]}"})
+            if what in FAILURES or what == Observation.REVIEW_FAIL:
+                # A route's failures are judged one at a time: two at once, each blind to the other's
+                # uncommitted row, would each count one and neither open a breaker two of them should (seen:
+                # two tasks' simultaneous overcharges, 2 failures of 4 calls, the breaker still closed).
+                conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-failures:{route}"})
             row, now, seq, kind = conn.execute(
                 _OBSERVE, {"b_route": route, "b_kind": what.value, "b_key": key, "b_window": window_s}
             ).one()

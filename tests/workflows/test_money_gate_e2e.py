@@ -119,8 +119,10 @@ async def test_a_review_whose_model_reports_negative_tokens_settles_at_its_estim
 # ── §5: breakers judge vendors, not plans ────────────────────────────────────────────────────────────────
 def priced_routes(primary: str, backup: str) -> RouteTable:
     # A window longer than the test: on a loaded machine the two tasks' calls may be more than a minute apart,
-    # and the breaker must judge them together (what is tested is "once per task", not the window).
-    breaker = Breaker(window=600.0, min_calls=2, error_rate=0.5, open_for=600.0)
+    # and the breaker must judge them together (what is tested is "once per task", not the window). A low
+    # error rate: how many good calls (each task's second node, its review) land between the two tasks' one
+    # counted anomaly each depends on how the tasks interleave; two failures among them must open it.
+    breaker = Breaker(window=600.0, min_calls=2, error_rate=0.2, open_for=600.0)
     return RouteTable(
         routes={
             primary: RouteSpec(price=Price(per_call=PRICE), breaker=breaker, fallbacks=(backup,)),
@@ -180,7 +182,8 @@ async def test_a_vendor_billing_far_above_its_declared_price_opens_its_breaker_o
         handles = [await lf.start(p) for p in plans]
         results = await within(asyncio.gather(*(h.result() for h in handles)), 90)
     assert [r.state for r in results] == ["Completed", "Completed"]
-    assert len([c for c in recorder.route_changes(primary) if c["kind"] == "opened"]) == 1
+    changes = recorder.route_changes(primary)
+    assert len([c for c in changes if c["kind"] == "opened"]) == 1, (changes, recorder.observations(primary))
     # One billing observation per task per breaker window, however many of its nodes were overbilled.
     assert recorder.observations(primary).get("anomaly", 0) == 2
     for p in plans:
