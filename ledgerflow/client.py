@@ -15,7 +15,7 @@ from ledgerflow.errors import ClientError as ClientError  # where it always was,
 from reconcile.takeover import needs_a_run, orphaned_tasks
 from rules.envelope import StoredEvent
 from rules.plan import Plan, Routes, load_plan
-from rules.projection import fold, node_state, summary
+from rules.projection import fold, node_state, summary, waiting_nodes
 from runtime import telemetry
 from runtime.settings import Settings, get_settings
 from runtime.signing import demo_public_keys
@@ -167,9 +167,10 @@ async def status(settings: Settings, task_id: str) -> dict[str, Any]:
     # Each node's state from the ledger, which has what the workflow has not read yet (a vendor's job id
     # recorded mid-attempt): "running" there while the workflow only knows its executor was started.
     p = fold(events(settings, task_id))
+    waiting = waiting_nodes(p)
     for node_id, view in live.get("nodes", {}).items():
         if node_id in p.nodes:
-            view["state"] = node_state(p, p.nodes[node_id]).value
+            view["state"] = node_state(p, p.nodes[node_id], waiting).value
     return live
 
 

@@ -855,7 +855,7 @@ def backoff(attempt: int, key: str | None = None) -> timedelta:
     return timedelta(seconds=base * (1 + 0.5 * key_fraction(key)))
 
 
-def node_state(p: Projection, n: NodeView) -> NodeStatus:
+def node_state(p: Projection, n: NodeView, waiting: frozenset[str] | None = None) -> NodeStatus:
     """What a node is doing now, as a person reads it (``status`` in the summary is what the rules read):
 
     ``leased`` its attempt's INTENT is recorded and the vendor has not yet taken it; ``running`` the vendor
@@ -866,11 +866,7 @@ def node_state(p: Projection, n: NodeView) -> NodeStatus:
         return NodeStatus.COMPENSATING
     if n.status == NodeStatus.STALE:
         return NodeStatus.STALE
-    # A request still answerable (a terminal task rules only on an undo waiting for budget: rules.people).
-    if any(
-        r.open and r.request.node == n.id and (not p.terminal or rid.startswith("undo:"))
-        for rid, r in p.requests.items()
-    ):
+    if n.id in (waiting if waiting is not None else waiting_nodes(p)):
         return NodeStatus.WAITING_HUMAN
     if n.in_flight:
         return NodeStatus.RUNNING if n.job_id is not None else NodeStatus.LEASED
@@ -879,8 +875,19 @@ def node_state(p: Projection, n: NodeView) -> NodeStatus:
     return NodeStatus.CANCELLED if p.terminal else NodeStatus.PENDING
 
 
+def waiting_nodes(p: Projection) -> frozenset[str]:
+    """The nodes a still-answerable request is about (a terminal task rules only on an undo waiting for
+    budget: rules.people): read once per summary, not once per node."""
+    return frozenset(
+        r.request.node
+        for rid, r in p.requests.items()
+        if r.open and r.request.node is not None and (not p.terminal or rid.startswith("undo:"))
+    )
+
+
 def summary(p: Projection) -> dict[str, Any]:
     """A JSON-safe status summary (what the workflow's status query and the CLI show)."""
+    waiting = waiting_nodes(p)
     return {
         "task_id": p.task_id,
         "state": p.state.value,
@@ -895,7 +902,7 @@ def summary(p: Projection) -> dict[str, Any]:
         "nodes": {
             n.id: {
                 "status": n.status.value,
-                "state": node_state(p, n).value,
+                "state": node_state(p, n, waiting).value,
                 "attempts": n.attempts,
                 "spent": str(n.spent),
                 "in_flight": n.in_flight,

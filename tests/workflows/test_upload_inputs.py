@@ -89,11 +89,10 @@ async def test_an_input_the_vendor_will_not_take_fails_the_node_on_content_with_
     async with lf_with(routes=RouteTable(routes={**table.routes, route: spec})) as lf:
         plan = lf.plan(PLAN.format(route=route))
         handle = await lf.start(plan)
-        rid = await wait_open(lf, plan.task_id, "dead_letter:shot")
+        rid = await wait_open(lf, plan.task_id, "dead_letter:shot")  # it asks a person: no retry loop
         told = await people.decide(lf.settings, demo_key("director"), plan.task_id, rid, "abort")
         assert told.status == "accepted" and (await handle.result()).state == "Failed"
     events = lf.recorder.read_events(plan.task_id)
     [failure] = [f for e in events if e.type == "Failure" and isinstance(f := parse(e), Failure)]
     assert failure.kind == FailureKind.CONTENT and "more than upload.max_bytes" in failure.error, failure
     assert failure.actual_cost == 0 and await sim.charges(f"{plan.task_id}:shot") == []
-    assert rid.startswith("dead_letter:shot")
