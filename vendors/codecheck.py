@@ -678,9 +678,14 @@ def _mentions_memory(output: str) -> bool:
 
 
 def _hit_process_limit(output: str) -> bool:
-    # fork/clone/thread start failing with EAGAIN is what RLIMIT_NPROC looks like from Python.
-    last = output.rstrip().rsplit("\n", 1)[-1]
-    return "Resource temporarily unavailable" in last or "can't start new thread" in last
+    # fork/clone/thread start failing with EAGAIN is what RLIMIT_NPROC looks like from Python. Any line,
+    # not only the last: a fork bomb's children write their tracebacks to one stderr at once, interleaved,
+    # so the output often ends on another child's "Traceback (most recent call last):" (seen in CI).
+    return any(
+        line.startswith(("BlockingIOError: [Errno 11]", "RuntimeError: can't start new thread"))
+        or line.endswith("Resource temporarily unavailable")
+        for line in (raw.strip() for raw in output.splitlines())
+    )
 
 
 def _is_signal(number: int) -> bool:

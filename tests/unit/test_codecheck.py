@@ -405,3 +405,21 @@ def _running(marker: str) -> list[int]:
         if argv[:2] == [b"sleep", marker.encode()] and state != "Z":
             found.append(int(entry.name))
     return found
+
+
+async def test_a_process_limit_is_named_when_other_tracebacks_come_after_it() -> None:
+    """A fork bomb's children share one stderr: the EAGAIN line often precedes another's header."""
+    markdown = lesson(
+        """
+        import sys
+        sys.stderr.write("Traceback (most recent call last):\\n")
+        sys.stderr.write("BlockingIOError: [Errno 11] Resource temporarily unavailable\\n")
+        sys.stderr.write("Traceback (most recent call last):\\n")
+        sys.exit(1)
+        """
+    )
+
+    [failure] = (await check_markdown(markdown)).failures
+
+    assert failure.kind == "error"
+    assert failure.message.startswith("exceeded the process limit of 64 processes\n")
