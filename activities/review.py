@@ -86,7 +86,10 @@ async def _facts(
 
 
 def _business(p: Projection) -> list[str]:
-    return [n for n, s in p.graph.nodes.items() if s.stage.id not in (COMPOSE, REVIEW)]
+    # A node a person skipped (rules.changes) made nothing: there is nothing of it to judge.
+    return [
+        n for n, s in p.graph.nodes.items() if s.stage.id not in (COMPOSE, REVIEW) and not p.nodes[n].skipped
+    ]
 
 
 def review_prompt(p: Projection, business: Sequence[str], soft: Sequence[CheckResult]) -> str:

@@ -792,26 +792,36 @@ def _fields(pairs: list[str]) -> dict[str, Any]:
 @app.command()
 @friendly
 def change(
-    kind: Annotated[str, typer.Argument(help="pause | resume | edit | reroute")],
+    kind: Annotated[str, typer.Argument(help="pause | resume | edit | reroute | skip | waive | restore")],
     task_id: Annotated[str, typer.Argument(help="TASK_ID")],
     key_file: KeyFileOption = None,
     approver: AsOption = None,
-    node: Annotated[str | None, typer.Option("--node", help="edit: the node whose request changes")] = None,
+    node: Annotated[
+        str | None, typer.Option("--node", help="the node (a stage for reroute; review: all of a waiver)")
+    ] = None,
     fields: Annotated[
         list[str] | None,
         typer.Option("--set", help="edit: FIELD=VALUE (repeat; VALUE as JSON, else as text)"),
     ] = None,
     route: Annotated[str | None, typer.Option("--route", help="reroute: the route to send it to")] = None,
+    version: Annotated[
+        int | None, typer.Option("--version", help="restore: the output version to make current (from 1)")
+    ] = None,
     note: NoteOption = "",
 ) -> None:
     """Sign and send a change to a running task, then print its ruling: exit 0 accepted, 1 otherwise.
 
     pause: nothing new is dispatched (work in flight finishes and is recorded); resume: it goes on; edit:
     --node N --set prompt="…": its next attempt asks that (its open dead letter is resolved); reroute: --node
-    N_OR_STAGE --route R: their next attempts go to route R, re-quoted at its price."""
+    N_OR_STAGE --route R: their next attempts go to route R, re-quoted at its price; skip: --node N: it and
+    what only it feeds never run; waive: --node N (or review) --note WHY: the review's rework finding on it
+    is accepted as it is; restore: --node N --version V: that output is current again, what is built on it
+    is made again or reused."""
     from ledgerflow.views import people
 
     edit = _fields(fields) if fields else ({"route": route} if route is not None else None)
+    if version is not None:
+        edit = {"version": version}
 
     if approver is not None and key_file is None:
         from ledgerflow.client import stack_dev

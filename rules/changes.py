@@ -8,12 +8,16 @@ where it lists kinds, its scopes must cover the task, and where the plan names a
 one), recorded as a ``TaskChange`` event carrying the exact message and signature (the audit re-verifies it),
 and applied by the rules at the loop's next decision (``rules.table``: a paused task dispatches nothing).
 
-Kinds so far: ``pause`` (no new dispatch; work in flight finishes and is recorded; people's requests, their
-deadlines and the time ceiling go on), ``resume``, and ``edit`` (a node not running and not succeeded is asked
+Kinds: ``pause`` (no new dispatch; work in flight finishes and is recorded; people's requests, their
+deadlines and the time ceiling go on), ``resume``, ``edit`` (a node not running and not succeeded is asked
 again with the fields it sets — the dead-letter recovery: its open dead letter is resolved by a
-``PartialResolution`` naming who changed what), and ``reroute`` (a node's or a stage's next attempts go to
-another route, re-quoted at its declared price first). Waive, skip, cancel and restore follow the same path
-(``docs/reviewers.md``).
+``PartialResolution`` naming who changed what), ``reroute`` (a node's or a stage's next attempts go to
+another route, re-quoted at its declared price first), ``skip`` (a node not yet succeeded, and every node only
+it feeds, never runs: a fan-out item's cancellation; its dead letter is resolved), ``waive`` (a review's
+rework finding on one output, or on the whole composition, accepted as it is with a reason — compliance
+findings never), and ``restore`` (an earlier version of a node's output made current again: its descendants
+are asked again, and one whose input hash then equals an earlier output of its own reuses it, unpaid).
+``docs/reviewers.md`` shows each from the CLI and the page.
 """
 
 from __future__ import annotations
@@ -27,15 +31,25 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Final
 
+from rules.actions import RequestKind
 from rules.admission import headroom, node_price
 from rules.approvers import refusal
 from rules.envelope import StoredEvent
-from rules.events import ChangeKind, MarkerKind, PartialResolution, SystemMarker, TaskChange, parse
-from rules.inputs import ref_paths
+from rules.events import (
+    ChangeKind,
+    MarkerKind,
+    PartialResolution,
+    SystemMarker,
+    TaskChange,
+    Verdict,
+    parse,
+)
+from rules.inputs import ref_paths, sources
 from rules.people import Answer, Keys, Reverified, outside_window, parse_issued_at, unendorsed
-from rules.plan import budget_scopes
+from rules.plan import COMPOSE, REVIEW, budget_scopes
 from rules.pricing import RoutePrice, declared_bound
 from rules.projection import NodeStatus, Projection
+from rules.table import REWORK_LIMIT
 
 CANONICAL_CHANGE_V1: Final = "ledgerflow-change-v1"
 FIELDS: Final = (
@@ -62,8 +76,11 @@ _NODE: Final = re.compile(r"[A-Za-z0-9_./-]{1,200}")
 _ROUTE: Final = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
 _ISSUED_AT: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z")
+MAX_VERSION: Final = 10_000
 # Kinds that name a node (pause and resume are the task's).
-_NODE_KINDS: Final[frozenset[ChangeKind]] = frozenset({ChangeKind.EDIT, ChangeKind.REROUTE})
+_NODE_KINDS: Final[frozenset[ChangeKind]] = frozenset(
+    {ChangeKind.EDIT, ChangeKind.REROUTE, ChangeKind.SKIP, ChangeKind.WAIVE, ChangeKind.RESTORE}
+)
 
 
 class Status(StrEnum):
@@ -170,8 +187,16 @@ def parse_change(raw: Any) -> SignedChange | str:
         route = edit.get("route") if isinstance(edit, dict) and len(edit) == 1 else None
         if not isinstance(route, str) or not _ROUTE.fullmatch(route):
             return 'malformed change: a reroute sets input {"route": NAME}, a route of the route file'
+    elif kind == ChangeKind.RESTORE.value:
+        version = edit.get("version") if isinstance(edit, dict) and len(edit) == 1 else None
+        if type(version) is not int or not 1 <= version <= MAX_VERSION:
+            return 'malformed change: a restore sets input {"version": N}, N the output version from 1'
     elif edit is not None:
         return f"malformed change: a {kind} sets no input"
+    if kind in {k.value for k in _NODE_KINDS} and raw.get("node") is None:
+        return f"malformed change: a {kind} names a node"
+    if kind == ChangeKind.WAIVE.value and not note.strip():
+        return "malformed change: a waiver says why in its note"
     return SignedChange(
         change_id=raw["change_id"],
         kind=ChangeKind(kind),
@@ -253,6 +278,98 @@ def applies(p: Projection, change: SignedChange) -> str | None:
             return (
                 f"node {change.node} already succeeded: its output stands (a rework or a restore redoes it)"
             )
+        if n.skipped:
+            return f"node {change.node} was skipped"
+    if change.kind == ChangeKind.SKIP:
+        return _skip_problem(p, change.node or "")
+    if change.kind == ChangeKind.WAIVE:
+        return _waive_problem(p, change.node or "")
+    if change.kind == ChangeKind.RESTORE:
+        return _restore_problem(p, change.node or "", int((change.edit or {})["version"]))
+    return None
+
+
+def skipped_with(p: Projection, node: str) -> tuple[str, ...]:
+    """What skipping ``node`` skips: it, and every node whose declared inputs all come from skipped nodes
+    (what only it feeds: the shot of a cancelled keyframe item, not a join that reads the other items too)."""
+    out = {node} | {n for n, v in p.nodes.items() if v.skipped}
+    for spec in p.graph.nodes.values():  # topological: a node's producers are decided before it
+        if spec.id in out or p.graph.nodes[node].order >= spec.order:
+            continue
+        fed = [s for src in sources(p.graph, spec).values() for s in ([src] if isinstance(src, str) else src)]
+        if fed and all(s in out for s in fed):
+            out.add(spec.id)
+    return tuple(v.id for v in p.in_order(out) if v.id == node or not v.skipped)
+
+
+def _skip_problem(p: Projection, node: str) -> str | None:
+    n = p.nodes[node]
+    if n.stage in (COMPOSE, REVIEW):
+        return f"the {n.stage} is never skipped (abort the task to stop it)"
+    if n.skipped:
+        return f"node {node} is already skipped"
+    if n.in_flight:
+        return f"node {node} is running: wait for its result (or pause the task) to skip it"
+    if n.status == NodeStatus.SUCCEEDED:
+        return f"node {node} already succeeded: its output stands"
+    for lost in skipped_with(p, node):
+        if p.nodes[lost].stage in (COMPOSE, REVIEW):
+            return f"skipping {node} would leave the {p.nodes[lost].stage} nothing to work on"
+        if p.nodes[lost].in_flight:
+            return f"node {lost}, fed only by {node}, is running: wait for it (or pause the task)"
+    return None
+
+
+def _waive_problem(p: Projection, node: str) -> str | None:
+    review = p.review
+    if p.failed_gate is not None or (review is not None and review.verdict == Verdict.COMPLIANCE_BLOCK):
+        return "compliance findings are never waivable"
+    if review is None or review.verdict != Verdict.QUALITY_REWORK:
+        return "no review asks for rework: there is nothing to waive"
+    if node != REVIEW and node not in review.flagged:
+        blamed = ", ".join(review.flagged) or "none, only the composition as a whole"
+        return f"the review does not blame {node} (it blames: {blamed}; waive {REVIEW} for all)"
+    if node in review.waived or review.waived_all:
+        return f"the review's findings on {node} are already waived"
+    if review.handled and _rework_escalation(p) is None:
+        return "the rework the review asked for is under way: its next verdict may be waived"
+    return None
+
+
+def _rework_escalation(p: Projection) -> str | None:
+    """The open escalation that stands for a rework verdict (its rework limit reached), if any: a waiver
+    answers it, and so does a restore (which drops the verdict: a new review judges the restored output)."""
+    review = p.review
+    return next(
+        (
+            rid
+            for rid, r in p.requests.items()
+            if r.open
+            and r.request.kind == RequestKind.ESCALATION
+            and r.request.node == REVIEW
+            and r.request.reason.startswith(REWORK_LIMIT)
+            and (review is None or r.opened_seq > review.seq)
+        ),
+        None,
+    )
+
+
+def _restore_problem(p: Projection, node: str, version: int) -> str | None:
+    n = p.nodes[node]
+    if n.stage in (COMPOSE, REVIEW):
+        return f"the {n.stage} is made again from its inputs, never restored"
+    if version > len(n.outputs):
+        return f"node {node} has {len(n.outputs)} output version(s): no version {version}"
+    out = n.outputs[version - 1]
+    if out.lost:
+        return f"version {version} of {node} was found missing or corrupt: it cannot be restored"
+    if n.in_flight:
+        return f"node {node} is running: wait for its result (or pause the task) to restore a version"
+    if n.status == NodeStatus.SUCCEEDED and n.artifact == out.artifact:
+        return f"version {version} of {node} is already current"
+    running = [d.id for d in p.in_order(p.graph.descendants(node)) if d.in_flight]
+    if running:
+        return f"node {running[0]}, built on {node}, is running: wait for it (or pause the task)"
     return None
 
 
@@ -334,6 +451,8 @@ def evaluate_change(
         if isinstance(quoted, str):
             return ChangeRuling(ref, rejection=quoted)
         moved, route_price = quoted
+    elif c.kind in (ChangeKind.SKIP, ChangeKind.WAIVE, ChangeKind.RESTORE):
+        moved = affected(p, c)
     event = TaskChange(
         change_id=c.change_id,
         kind=c.kind,
@@ -350,6 +469,19 @@ def evaluate_change(
         received_at=received_at,
     )
     return ChangeRuling(ref, event=event)
+
+
+def affected(p: Projection, c: SignedChange) -> tuple[str, ...]:
+    """The nodes a skip skips, a waiver waives, or a restore makes stale (recorded with the change)."""
+    node = c.node or ""
+    if c.kind == ChangeKind.SKIP:
+        return skipped_with(p, node)
+    if c.kind == ChangeKind.WAIVE:
+        assert p.review is not None
+        return (*p.review.unwaived(), REVIEW) if node == REVIEW else (node,)
+    if c.kind == ChangeKind.RESTORE:
+        return tuple(d.id for d in p.in_order(p.graph.descendants(node)) if d.status == NodeStatus.SUCCEEDED)
+    return ()
 
 
 def requote(
@@ -385,21 +517,45 @@ def _plain(amount: Decimal) -> str:
 
 
 def recovery(p: Projection, raw: Any) -> tuple[str, PartialResolution] | None:
-    """For an edit of a node whose dead letter is open: (the request's id, the ``PartialResolution`` that
-    resolves it, naming who changed what and why) — recorded under the request's resolution key, so the
-    edit, a person's decision or the timeout resolves it, whichever is first. None for anything else."""
+    """The open request a recorded change settles, and the ``PartialResolution`` that resolves it, naming who
+    changed what and why: an edit's or a skip's node's dead letter, a restored node's approval or dead
+    letter, a waiver's rework-limit escalation. Recorded under the request's resolution key, so the change,
+    a person's decision or the timeout resolves it, whichever is first. None when there is none."""
     parsed = parse_change(raw)
-    if isinstance(parsed, str) or parsed.kind != ChangeKind.EDIT or parsed.node not in p.nodes:
-        return None
-    if parsed.change_id not in p.changes:
-        return None  # not recorded (refused): it resolves nothing
-    rid = p.nodes[parsed.node].dead_letter
+    if isinstance(parsed, str) or parsed.node not in p.nodes or parsed.change_id not in p.changes:
+        return None  # malformed, the task's own, or not recorded (refused): it resolves nothing
+    node, who = parsed.node, parsed.approver
+    view = p.nodes[node]
+    rid: str | None = None
+    if parsed.kind in (ChangeKind.EDIT, ChangeKind.SKIP):
+        rid = view.dead_letter
+    elif parsed.kind == ChangeKind.RESTORE:
+        kinds = (RequestKind.APPROVAL, RequestKind.DEAD_LETTER)
+        rid = next(
+            (
+                i
+                for i, r in p.requests.items()
+                if r.open and r.request.node == node and r.request.kind in kinds
+            ),
+            None,
+        ) or (_rework_escalation(p) if p.review is None else None)
+    elif parsed.kind == ChangeKind.WAIVE:
+        rid = _rework_escalation(p)
     request = p.requests.get(rid) if rid else None
     if rid is None or request is None or not request.open:
         return None
-    fields = ", ".join(sorted(parsed.edit or {}))
-    resolution = f"request edited ({fields}) by {parsed.approver}"
-    return rid, PartialResolution(node=parsed.node, resolution=resolution, note=parsed.note[:2000])
+    if parsed.kind == ChangeKind.EDIT:
+        resolution = f"request edited ({', '.join(sorted(parsed.edit or {}))}) by {who}"
+    elif parsed.kind == ChangeKind.SKIP:
+        resolution = f"skipped by {who}"
+    elif parsed.kind == ChangeKind.RESTORE:
+        resolution = f"version {(parsed.edit or {}).get('version')} restored by {who}"
+    else:
+        resolution = f"findings on {node} waived by {who}"
+    note = parsed.note[:2000]
+    return rid, PartialResolution(
+        node=request.request.node or node, resolution=resolution, note=note, request_id=rid
+    )
 
 
 def change_answer(events: Iterable[StoredEvent], p: Projection, raw: Any) -> Answer:

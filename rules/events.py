@@ -276,6 +276,9 @@ class PartialResolution(_Event):
     node: str
     resolution: str
     note: str = ""
+    # The open request it resolves (a restore resolves the node's approval, a waiver the rework-limit
+    # escalation); None: the node's dead letter (every resolution before requests were named).
+    request_id: str | None = None
 
 
 class ChangeKind(StrEnum):
@@ -285,6 +288,9 @@ class ChangeKind(StrEnum):
     RESUME = "resume"
     EDIT = "edit"  # a node's request fields, set: its next attempt asks that (its dead letter resolved)
     REROUTE = "reroute"  # a node's (or a stage's) next attempts go to another route, re-quoted at its price
+    SKIP = "skip"  # a node, and what only it feeds, never runs (a fan-out item: cancelled); nothing is paid
+    WAIVE = "waive"  # a review's rework finding on one output accepted as it is, with a reason
+    RESTORE = "restore"  # an earlier version of a node's output made current again; descendants redo or reuse
 
 
 class TaskChange(_Event):
@@ -296,9 +302,11 @@ class TaskChange(_Event):
     change_id: str
     kind: ChangeKind
     node: str | None = None
-    input: dict[str, Any] | None = None  # what it sets: an edit's request fields; a re-route's {"route"}
+    input: dict[str, Any] | None = None  # edit: request fields; reroute: {"route"}; restore: {"version"}
     # A re-route: the nodes it moves, and what one node costs at most on the new route (its declared bound,
     # read from the route table when the change was ruled on: admission reserves at least that from then on).
+    # A skip: the nodes it skips (the named one and what only it feeds). A restore: the descendants whose
+    # output it makes stale. A waiver: the outputs whose findings it waives.
     nodes: tuple[str, ...] = ()
     route_price: Decimal | None = None
     approver: str

@@ -108,6 +108,7 @@ class OutputView:
     reused_from: str | None = None  # the operation whose output this one reused (nothing was sent for it)
     flagged: bool = False  # a review blamed it: never reused
     lost: bool = False  # its bytes were found missing or corrupt: never reused, never handed on
+    seq: int = 0  # its Outcome's seq (what a restore makes the node's ``artifact_seq`` again)
 
     @property
     def reusable(self) -> bool:
@@ -156,6 +157,9 @@ class NodeView:
     # one attempt costs at most there (its declared bound, recorded with the change): admission reserves it.
     route: str | None = None
     route_price: Decimal | None = None
+    # Skipped by a person's signed change (it, or a node only it fed): never runs, counts as done, and hands
+    # its dependents nothing (a join reads the items that remain).
+    skipped: bool = False
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
     # Fixed by the plan: where the node sits, and whether its stage asks a person to approve each output.
     stage: str = ""
@@ -165,8 +169,10 @@ class NodeView:
 
     @property
     def done(self) -> bool:
-        """Succeeded, and approved where its stage asks: its dependents may start on its output."""
-        return self.status == NodeStatus.SUCCEEDED and (self.approved or not self.needs_approval)
+        """Succeeded, and approved where its stage asks (or skipped): its dependents may start."""
+        return self.skipped or (
+            self.status == NodeStatus.SUCCEEDED and (self.approved or not self.needs_approval)
+        )
 
     @property
     def reused(self) -> bool:
@@ -232,6 +238,18 @@ class ReviewView:
     findings: tuple[str, ...]
     scores: dict[str, float]
     handled: bool = False  # a rollback or escalation has answered this verdict
+    waived: frozenset[str] = frozenset()  # outputs whose findings people waived (rules.changes)
+
+    @property
+    def waived_all(self) -> bool:
+        """A rework verdict every blamed output of which a person waived: it stands as a soft warning."""
+        return self.verdict == Verdict.QUALITY_REWORK and (
+            REVIEW in self.waived or (bool(self.flagged) and set(self.flagged) <= self.waived)
+        )
+
+    def unwaived(self) -> tuple[str, ...]:
+        """The outputs it blames that no person waived."""
+        return tuple(n for n in self.flagged if n not in self.waived)
 
 
 @dataclass
@@ -440,7 +458,13 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
                 node.versions += 1
                 node.job_id = event.job_id or node.job_id
                 node.outputs.append(
-                    OutputView(event.operation_key, event.input_hash, node.artifact, event.reused_from)
+                    OutputView(
+                        event.operation_key,
+                        event.input_hash,
+                        node.artifact,
+                        event.reused_from,
+                        seq=stored.seq,
+                    )
                 )
         case ExecutionResult():
             _apply_result(p, event, stored)
@@ -480,7 +504,7 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             findings = p.review.findings if p.review is not None else ()
             for n in event.invalidated:
                 view = p.nodes.get(n)
-                if view is not None:
+                if view is not None and not view.skipped:  # a skipped node stays skipped
                     view.status = NodeStatus.STALE
                     view.approved = False
                     view.round_base = view.attempts
@@ -511,10 +535,12 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
             if p.review is not None and _answers_review(p, request):
                 p.review.handled = True
         case PartialResolution():
-            # A person resolved the node's dead letter outside a decision (an edit, rules.changes): recorded
-            # under the request's resolution key, so it, a decision or the timeout resolves it, first wins.
+            # A person resolved a request about the node outside a decision (an edit or skip its dead letter,
+            # a restore its approval, a waiver the rework-limit escalation: rules.changes), recorded under
+            # the request's resolution key, so it, a decision or the timeout resolves it, first wins.
             node = p.nodes.get(event.node)
-            request = p.requests.get(node.dead_letter) if node is not None and node.dead_letter else None
+            rid = event.request_id or (node.dead_letter if node is not None else None)
+            request = p.requests.get(rid) if rid else None
             if request is not None and request.open:
                 request.decision = HumanDecisionType.RESUME
                 request.decided_by = event.resolution.partition(" by ")[2] or "a person"
@@ -674,10 +700,44 @@ def _apply_change(p: Projection, e: TaskChange) -> None:
             if (moved := p.nodes.get(node_id)) is not None:
                 moved.route, moved.route_price = str(e.input["route"]), e.route_price
     elif e.kind == ChangeKind.EDIT and e.node in p.nodes and e.input:
-        node = p.nodes[e.node]
-        node.edits = {**node.edits, **e.input}
-        if e.note.strip():
-            node.notes = (*node.notes, f"{e.approver} (edit): {e.note.strip()[:MAX_NOTE_SHOWN]}")
+        edited = p.nodes[e.node]
+        edited.edits = {**edited.edits, **e.input}
+    elif e.kind == ChangeKind.SKIP:
+        for node_id in e.nodes:
+            if (skipped := p.nodes.get(node_id)) is not None:
+                skipped.skipped = True
+                skipped.retry_at = None
+    elif e.kind == ChangeKind.WAIVE and p.review is not None:
+        p.review.waived = p.review.waived | set(e.nodes)
+    elif e.kind == ChangeKind.RESTORE and e.node in p.nodes and e.input:
+        _restore(p, p.nodes[e.node], int(e.input["version"]), e.nodes)
+    node = p.nodes.get(e.node) if e.node else None
+    if node is not None and e.note.strip() and e.kind in _NOTED:
+        # What the person said reaches the node's next attempts (an edit's why; for a waiver or a restore,
+        # a regenerated version is made knowing why the person chose as they did).
+        node.notes = (*node.notes, f"{e.approver} ({e.kind.value}): {e.note.strip()[:MAX_NOTE_SHOWN]}")
+
+
+# Changes whose note reaches the node's next requests (``feedback.people``).
+_NOTED: Final = frozenset({ChangeKind.EDIT, ChangeKind.WAIVE, ChangeKind.RESTORE})
+
+
+def _restore(p: Projection, node: NodeView, version: int, stale: tuple[str, ...]) -> None:
+    """Make the node's ``version``-th output (1-based) current again, chosen by a person (so approved), and
+    its recorded descendants stale: each is asked again with this input, and one whose input hash then
+    equals an earlier output of its own reuses that output instead of paying again (rules.table). The
+    review's verdict, if the review goes stale, is dropped: a rework it asked for is not done on outputs it
+    never saw (the person chose; a new review judges what they chose)."""
+    out = node.outputs[version - 1]
+    node.artifact, node.artifact_seq = out.artifact, out.seq
+    node.status, node.approved = NodeStatus.SUCCEEDED, True
+    node.dead_letter, node.retry_at = None, None
+    for node_id in stale:
+        view = p.nodes.get(node_id)
+        if view is not None and not view.skipped and view.status == NodeStatus.SUCCEEDED:
+            view.status, view.approved = NodeStatus.STALE, False
+    if REVIEW in stale:
+        p.review = None  # its verdict judged outputs no longer current: the review runs again on these
 
 
 def _apply_human(p: Projection, e: HumanDecision) -> None:
@@ -772,11 +832,11 @@ def _flags(n: NodeView) -> tuple[bool, ...]:
     succeeded = status == NodeStatus.SUCCEEDED
     return (
         n.done,
-        status in (NodeStatus.PENDING, NodeStatus.STALE) and not n.in_flight,
+        status in (NodeStatus.PENDING, NodeStatus.STALE) and not n.in_flight and not n.skipped,
         n.in_flight,
-        status == NodeStatus.FAILED,
+        status == NodeStatus.FAILED and not n.skipped,
         succeeded and n.needs_approval and not n.approved,
-        status == NodeStatus.STALE,
+        status == NodeStatus.STALE and not n.skipped,
     )
 
 
@@ -788,6 +848,8 @@ def _touched(p: Projection, event: Any) -> set[str]:
             nodes = {node} if node else set()
         case RollbackDone():
             nodes = set(event.invalidated)
+        case TaskChange():
+            nodes = {event.node, *event.nodes} if event.node else set(event.nodes)
         case HumanDecision() | SystemMarker():
             node = getattr(event, "node", None)
             nodes = {node} if node else set()
@@ -860,10 +922,13 @@ def node_state(p: Projection, n: NodeView, waiting: frozenset[str] | None = None
 
     ``leased`` its attempt's INTENT is recorded and the vendor has not yet taken it; ``running`` the vendor
     has (a job id); ``waiting_human`` a request about it is open (its approval, its dead letter);
-    ``compensating`` its output is being undone; ``cancelled`` the task ended before it finished; else
-    ``pending``, ``succeeded``, ``failed`` or ``stale`` (an output whose inputs changed)."""
+    ``compensating`` its output is being undone; ``cancelled`` a person skipped it (or only skipped nodes
+    fed it), or the task ended before it finished; else ``pending``, ``succeeded``, ``failed`` or ``stale``
+    (an output whose inputs changed)."""
     if any(c.node == n.id and c.in_flight for c in p.compensations.values()):
         return NodeStatus.COMPENSATING
+    if n.skipped:
+        return NodeStatus.CANCELLED
     if n.status == NodeStatus.STALE:
         return NodeStatus.STALE
     if n.id in (waiting if waiting is not None else waiting_nodes(p)):
@@ -897,6 +962,8 @@ def summary(p: Projection) -> dict[str, Any]:
         "reserved": str(p.reserved),
         "rework_rounds": p.rework_rounds,
         "verdict": p.review.verdict.value if p.review else None,
+        # The outputs whose rework findings people waived (rules.changes): the verdict stands as it was.
+        **({"waived": sorted(p.review.waived)} if p.review is not None and p.review.waived else {}),
         "terminal_reason": p.terminal_reason,
         "escalation_reason": p.escalation_reason,
         "nodes": {

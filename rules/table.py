@@ -101,7 +101,7 @@ def _compliance_then(p: Projection, now: datetime) -> Action:
 def _complete_when(p: Projection, now: datetime) -> bool:
     return (
         p.review is not None
-        and p.review.verdict in (Verdict.PASS, Verdict.SOFT_WARNING)
+        and (p.review.verdict in (Verdict.PASS, Verdict.SOFT_WARNING) or p.review.waived_all)
         and p.nodes[REVIEW].status == NodeStatus.SUCCEEDED
         and not p.stale
     )
@@ -109,7 +109,7 @@ def _complete_when(p: Projection, now: datetime) -> bool:
 
 def _complete_then(p: Projection, now: datetime) -> Action:
     assert p.review is not None
-    return Complete(verdict=p.review.verdict.value)
+    return Complete(verdict=p.review.verdict.value)  # a waived rework stays what it was (the summary: waived)
 
 
 # R4 ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -256,16 +256,25 @@ def _person_then(p: Projection, now: datetime) -> Action:
 
 
 # R10 ──────────────────────────────────────────────────────────────────────────────────────────────
+# How a rework verdict's escalation past the plan's rework limit begins (a waiver or a restore answers it).
+REWORK_LIMIT: Final = "rework limit of "
+
+
 def _rework_when(p: Projection, now: datetime) -> bool:
-    return p.review is not None and p.review.verdict == Verdict.QUALITY_REWORK and not p.review.handled
+    return (
+        p.review is not None
+        and p.review.verdict == Verdict.QUALITY_REWORK
+        and not p.review.handled
+        and not p.review.waived_all
+    )
 
 
 def _rework_then(p: Projection, now: datetime) -> Action:
     assert p.review is not None
     if p.rework_rounds >= p.plan.rework_limit + p.rework_allowance:
         # About the review node: resuming this escalation (and only this one) grants one more round.
-        return escalate(p, f"rework limit of {p.plan.rework_limit} rounds reached", node=REVIEW)
-    flagged = [f for f in p.review.flagged if f in p.nodes] or [REVIEW]
+        return escalate(p, f"{REWORK_LIMIT}{p.plan.rework_limit} rounds reached", node=REVIEW)
+    flagged = [f for f in p.review.unwaived() if f in p.nodes] or [REVIEW]  # a waived output is kept
     targets, invalid = p.graph.rollback_target(flagged)
     ordered = tuple(sorted(invalid, key=lambda n: p.graph.nodes[n].order))
     return Rollback(
@@ -568,7 +577,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # 5: a node's next request carries what people said when they decided about it (``feedback.people``).
 # 6: a node's request carries the fields a person's signed edit set (rules.changes).
 # 7: a re-routed node is dispatched to its new route, admitted at least at that route's declared bound.
-RULES_VERSION: Final = 7
+# 8: a review's rework finding a person waived is not redone; every blamed output waived, the task completes.
+RULES_VERSION: Final = 8
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),

@@ -28,13 +28,27 @@ from rules.table import RULES_VERSION, decide
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
 
+def _decide_v7(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 7: today's without what table 8 added — people's waivers of a review's findings (none could be
+    made then). Exact: a review nobody waived is answered the same under both. (Skips and restores change the
+    fold, not the table: a node a person skipped counts as done under every table.)"""
+    waived = p.review.waived if p.review is not None else frozenset()
+    if p.review is not None:
+        p.review.waived = frozenset()
+    try:
+        return decide(p, now)
+    finally:
+        if p.review is not None:
+            p.review.waived = waived
+
+
 def _decide_v6(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """Table 6: today's without what table 7 added — re-routes (no node could be re-routed then). Exact."""
     routes = {n.id: (n.route, n.route_price) for n in p.nodes.values() if n.route is not None}
     for node_id in routes:
         p.nodes[node_id].route, p.nodes[node_id].route_price = None, None
     try:
-        return decide(p, now)
+        return _decide_v7(p, now)
     finally:
         for node_id, (route, price) in routes.items():
             p.nodes[node_id].route, p.nodes[node_id].route_price = route, price
@@ -108,6 +122,7 @@ _TABLES: Final[dict[int, Decide]] = {
     4: _decide_v4,
     5: _decide_v5,
     6: _decide_v6,
+    7: _decide_v7,
     RULES_VERSION: decide,
 }
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block

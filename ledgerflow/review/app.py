@@ -2,10 +2,11 @@
 
 Pages: ``/login``, ``/queue``, ``/requests/{task_id}/{request_id}``, and ``/artifacts/{task_id}/{sha256}``
 (the media the request page shows). API: ``GET /api/queue``, ``GET /api/requests/{task_id}/{request_id}``,
-``POST /api/decisions/{task_id}``. The page signs a decision in the browser (``static/review.js``) and posts
-it to the same API; the server relays it to the task's workflow as it is
-(``ledgerflow.views.people.relay``) and answers with the worker's ruling. No private key ever reaches the
-server.
+``POST /api/decisions/{task_id}``, ``POST /api/changes/{task_id}``. The page signs a decision, or a change to
+the running task (pause, resume, skip, re-route, an edit, a waiver, a restore), in the browser
+(``static/review.js``) and posts it to the same API; the server relays it to the task's workflow as it is
+(``ledgerflow.views.people.relay``, ``send_change``) and answers with the worker's ruling. No private key ever
+reaches the server.
 
 Errors are one line: JSON ``{"error": ...}`` under ``/api/`` and for any request with an ``Authorization``
 header (a tool), a small page otherwise; never a traceback.
@@ -301,21 +302,18 @@ def create_app(
         check_covers(identity, task_id)
         detail = people.request(settings, task_id, request_id)
         choices = views.budget_choices(settings, task_id, request_id)
-        shown = []
-        for a in detail["context_now"]["artifacts"]:
-            content_type = views.media_type(a)
-            element = views.element(content_type)
-            if element is None and int(a.get("size") or 0) <= views.TEXT_INLINE_MAX:
-                element = "text"  # a script, a storyboard, a lesson: read in the page (if it is text)
-            shown.append({**a, "content_type": content_type, "element": element})
         approvers = detail["approvers"]
+        running = detail["task_state"] not in _TERMINAL
         context = {
             "d": detail,
             "ctx": detail["context_now"],
             "asked": detail["context_at_request"],
-            "artifacts": shown,
+            "artifacts": [_shown(a) for a in detail["context_now"]["artifacts"]],
+            "versions": [_shown(v) for v in detail["versions"]],
             "choices": choices,
-            "open": detail["status"] == "open" and detail["task_state"] not in _TERMINAL,
+            "open": detail["status"] == "open" and running,
+            "running": running,
+            "routes": views.route_names(settings) if running else [],
             "not_allowed": isinstance(approvers, list) and identity.approver not in approvers,
         }
         return render(request, "request.html", context, identity=identity)
@@ -443,6 +441,15 @@ class LedgerLogouts:
 _TERMINAL: Final = frozenset({TaskState.COMPLETED.value, TaskState.FAILED.value})
 
 
+def _shown(a: dict[str, Any]) -> dict[str, Any]:
+    """An artifact as the page shows it: its content type and the element that shows it inline, if any."""
+    content_type = views.media_type(a)
+    element = views.element(content_type)
+    if element is None and int(a.get("size") or 0) <= views.TEXT_INLINE_MAX:
+        element = "text"  # a script, a storyboard, a lesson: read in the page (if it is text)
+    return {**a, "content_type": content_type, "element": element}
+
+
 def check_task_id(task_id: str) -> None:
     if not _TASK_ID.fullmatch(task_id):
         raise HTTPException(404, f"{task_id[:80]!r} is not a task id")
@@ -514,6 +521,12 @@ _WORDS: Final = {
     "Failed": "failed",
     "waiting_human": "waiting for a person",
     "leased": "about to start",
+    "Pass": "passed",
+    "SoftWarning": "passed with warnings",
+    "QualityRework": "asks for rework",
+    "ComplianceBlock": "blocked for compliance",
+    "stale": "to be made again",
+    "cancelled": "skipped",
 }
 
 

@@ -24,7 +24,8 @@ from ledgerflow.client import ClientError
 from rules.events import TaskCreated, parse
 from rules.plan import budget_scopes
 from rules.projection import fold
-from runtime.settings import Settings
+from runtime.settings import ConfigError, Settings
+from vendors.routes import deployment_table
 
 # A probed media format (media.probe's short names) -> the content type a browser plays or shows.
 MEDIA_TYPES: Final = {
@@ -69,6 +70,15 @@ def budget_choices(settings: Settings, task_id: str, request_id: str) -> BudgetC
     r = p.requests.get(request_id)
     refused = r.request.budget_scope if r is not None else None
     return BudgetChoices(scopes, refused if refused in scopes else scopes[-1])
+
+
+def route_names(settings: Settings) -> list[str]:
+    """The deployment's route names (what a re-route may name); none if the route file is unusable (the
+    worker refuses re-routes then too)."""
+    try:
+        return sorted(deployment_table(settings).routes)
+    except ConfigError:
+        return []
 
 
 def task_chain(settings: Settings, task_id: str) -> list[str]:

@@ -19,12 +19,14 @@ from rules.admission import node_price
 from rules.changes import RESERVED_FIELDS
 from rules.envelope import StoredEvent
 from rules.events import (
+    ExecutionResult,
     Failure,
     FailureKind,
     Intent,
     MarkerKind,
     Outcome,
     SystemMarker,
+    Verdict,
     parse,
 )
 from rules.people import (
@@ -191,7 +193,7 @@ def attempts(events: Iterable[StoredEvent], node: str, *, up_to: int | None = No
     for stored in events:
         if up_to is not None and stored.seq > up_to:
             break
-        if stored.type not in ("Intent", "Failure", "Outcome"):
+        if stored.type not in ("Intent", "Failure", "Outcome", "ExecutionResult"):
             continue
         event = parse(stored)
         if isinstance(event, Intent) and isinstance(event.action, Dispatch) and event.action.node == node:
@@ -206,12 +208,12 @@ def attempts(events: Iterable[StoredEvent], node: str, *, up_to: int | None = No
                 "error": None,
                 "cost": "0",
             }
-        elif isinstance(event, Failure | Outcome) and event.operation_key in out:
+        elif isinstance(event, Failure | Outcome | ExecutionResult) and event.operation_key in out:
             row = out[event.operation_key]
             row["cost"] = str(event.actual_cost)
             if isinstance(event, Failure):
                 row["result"], row["error"] = f"failed ({event.kind.value})", event.error
-            else:
+            else:  # an output (an Outcome), or a review's verdict (an ExecutionResult)
                 row["result"] = "succeeded"
     return list(out.values())
 
@@ -345,6 +347,12 @@ def request_detail(p: Projection, events: Sequence[StoredEvent], request_id: str
         "editable": editable(p, req.node) if req.kind == RequestKind.DEAD_LETTER else {},
         "releases": releases(p, req.node) if req.kind == RequestKind.APPROVAL else None,
         "then": THEN.get(req.timeout_policy.value) if req.timeout_policy else None,
+        # What a person may steer from the request's page (rules.changes): the review's findings to waive,
+        # the node's earlier output versions to restore, and the task's nodes and stages to pause, skip or
+        # re-route.
+        "review": review_findings(p) if _about_rework(p, req) else None,
+        "versions": versions(p, req.node) if req.kind in _RESTORABLE else [],
+        "steer": steer(p),
     }
 
 
@@ -376,3 +384,81 @@ def editable(p: Projection, node: str | None) -> dict[str, str]:
         return {}
     request = request_input(p, p.nodes[node])
     return {k: v for k, v in request.items() if isinstance(v, str) and k not in RESERVED_FIELDS}
+
+
+# ── what a person may steer from a request's page (rules.changes) ───────────────────────────────────
+
+_RESTORABLE: Final = frozenset({RequestKind.APPROVAL, RequestKind.DEAD_LETTER})
+
+
+def _about_rework(p: Projection, req: HumanRequest) -> bool:
+    """Whether ``req`` stands for a review's rework verdict: the escalation at the rework limit."""
+    return (
+        req.kind == RequestKind.ESCALATION
+        and req.node == REVIEW
+        and p.review is not None
+        and p.review.verdict == Verdict.QUALITY_REWORK
+    )
+
+
+def review_findings(p: Projection) -> dict[str, Any] | None:
+    """The current review's verdict: each output it blames (its current version and the findings that name
+    it), every finding, and what people waived. None when there is no review."""
+    review = p.review
+    if review is None:
+        return None
+    blamed = []
+    for node in review.flagged:
+        view = p.nodes.get(node)
+        artifact = view.artifact if view is not None else None
+        blamed.append(
+            {
+                "node": node,
+                "version": view.versions if view is not None else None,
+                "sha256": artifact.get("sha256") if artifact else None,
+                "findings": [f for f in review.findings if node in f],
+                "waived": node in review.waived or review.waived_all,
+            }
+        )
+    return {
+        "verdict": review.verdict.value,
+        "blamed": blamed,
+        "findings": list(review.findings),
+        "waived": sorted(review.waived),
+        "waived_all": review.waived_all,
+        # Compliance findings are never waivable (rules.changes).
+        "waivable": review.verdict == Verdict.QUALITY_REWORK and p.failed_gate is None,
+    }
+
+
+def versions(p: Projection, node: str | None) -> list[dict[str, Any]]:
+    """Every output version of ``node`` (1-based, oldest first) when it has more than one: what a restore
+    may make current again. Empty for a node with one version or none, and for the compose and the review
+    (made again from their inputs, never restored)."""
+    view = p.nodes.get(node) if node is not None else None
+    if view is None or len(view.outputs) < 2 or view.stage in (COMPOSE, REVIEW):
+        return []
+    current = view.artifact.get("sha256") if view.artifact else None
+    return [
+        {
+            "version": i,
+            **out.artifact,
+            "current": out.artifact.get("sha256") == current and view.status == NodeStatus.SUCCEEDED,
+            "lost": out.lost,
+            "flagged": out.flagged,
+            "reused": out.reused_from is not None,
+        }
+        for i, out in enumerate(view.outputs, start=1)
+    ]
+
+
+def steer(p: Projection) -> dict[str, Any]:
+    """What the page's steering form offers: whether (and by whom) the task is paused, the nodes a person
+    may name (not the compose or the review), with what each is doing, and the stages."""
+    nodes = [
+        {"id": n.id, "stage": n.stage, "status": n.status.value, "skipped": n.skipped}
+        for n in p.in_order(p.nodes)
+        if n.stage not in (COMPOSE, REVIEW)
+    ]
+    stages = [s.id for s in p.plan.stages if s.id not in (COMPOSE, REVIEW)]
+    return {"paused_by": p.paused_by, "nodes": nodes, "stages": stages}

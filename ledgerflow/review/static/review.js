@@ -49,22 +49,59 @@ function canonicalChange(taskId, c) {
     c.approver, c.key_id, c.issued_at, c.note].join("\n");
 }
 
-async function signEdit(taskId, form, record) {
-  const input = {};
-  for (const area of form.querySelectorAll('textarea[name="field"]')) input[area.dataset.field] = area.value;
-  const c = {
+// One signing path for every change the page sends (an edit, a waiver, a restore, a pause, a resume, a skip, a
+// re-route): c is {kind, node, input, note}; the rest is this browser's key and clock.
+async function signChange(taskId, c, record) {
+  const change = {
     change_id: crypto.randomUUID(),
-    kind: "edit",
-    node: form.dataset.node,
-    input,
+    kind: c.kind,
+    node: c.node || null,
+    input: c.input ?? null,
     approver: record.approver,
     key_id: record.key_id,
-    note: form.elements.note.value,
+    note: c.note || "",
     issued_at: new Date().toISOString(),
   };
-  const message = new TextEncoder().encode(canonicalChange(taskId, c));
-  c.signature = hex(await crypto.subtle.sign({ name: "Ed25519" }, record.key, message));
-  return c;
+  const message = new TextEncoder().encode(canonicalChange(taskId, change));
+  change.signature = hex(await crypto.subtle.sign({ name: "Ed25519" }, record.key, message));
+  return change;
+}
+
+// What a change form asks for, read from the form: {kind, node, input, note}. Throws an Error with a message
+// for a person when something it needs is missing.
+function changeOf(form) {
+  const fields = form.elements;
+  const note = fields.note ? fields.note.value : "";
+  const kind = form.dataset.kind || fields.kind.value;
+  const named = () => {
+    const node = (fields.node ? fields.node.value : form.dataset.node || "").trim();
+    if (!node) throw new Error(`name the node to ${kind === "reroute" ? "send elsewhere" : kind}`);
+    return node;
+  };
+  switch (kind) {
+    case "edit": {
+      const input = {};
+      for (const area of form.querySelectorAll('textarea[name="field"]')) input[area.dataset.field] = area.value;
+      return { kind, node: form.dataset.node, input, note };
+    }
+    case "waive":
+      if (!note.trim()) throw new Error("say why the findings are waived (the reason is required)");
+      return { kind, node: named(), input: null, note };
+    case "restore": {
+      const chosen = form.querySelector('input[name="version"]:checked');
+      if (!chosen) throw new Error("choose the version to make current");
+      return { kind, node: form.dataset.node, input: { version: Number(chosen.value) }, note };
+    }
+    case "skip":
+      return { kind, node: named(), input: null, note };
+    case "reroute": {
+      const route = fields.route.value.trim();
+      if (!route) throw new Error("name the route to send it to");
+      return { kind, node: named(), input: { route }, note };
+    }
+    default: // pause, resume: the task's own
+      return { kind, node: null, input: null, note };
+  }
 }
 
 const hex = (buffer) => Array.from(new Uint8Array(buffer), (b) => b.toString(16).padStart(2, "0")).join("");
@@ -193,26 +230,26 @@ async function setUp() {
   showDeadline();
   showTimes();
   showTexts();
+  const keySection = document.getElementById("key");
+  if (!keySection) return; // the task has ended: nothing to sign
   const form = document.getElementById("decide");
-  if (!form) return;
+  const changes = Array.from(document.querySelectorAll("form.change"));
   const approver = document.body.dataset.approver;
-  const taskId = form.dataset.taskId;
+  const taskId = (form || changes[0]).dataset.taskId;
   const status = document.getElementById("key-status");
   const load = document.getElementById("key-load");
   const forget = document.getElementById("key-forget");
   const button = document.getElementById("sign");
+  const buttons = [button, ...changes.map((f) => f.querySelector("button"))].filter(Boolean);
   let record = null;
 
-  const edit = document.getElementById("edit");
-  const editButton = document.getElementById("sign-edit");
   const ready = (r) => {
     record = r;
     status.textContent = r ? `Signing as ${r.approver} with key ${r.key_id} (kept in this browser).`
       : "No key in this browser yet: choose your key file.";
     load.hidden = Boolean(r);
     forget.hidden = !r;
-    button.disabled = !r;
-    if (editButton) editButton.disabled = !r;
+    for (const b of buttons) if (!b.dataset.done) b.disabled = !r;
   };
 
   if (!window.crypto?.subtle || !window.indexedDB) {
@@ -243,56 +280,105 @@ async function setUp() {
     ready(null);
   });
 
-  const budget = document.getElementById("budget");
-  const toggle = () => { if (budget) budget.hidden = form.elements.decision.value !== "add_budget"; };
-  form.addEventListener("change", toggle);
-  toggle();
+  if (form) {
+    const budget = document.getElementById("budget");
+    const toggle = () => { if (budget) budget.hidden = form.elements.decision.value !== "add_budget"; };
+    form.addEventListener("change", toggle);
+    toggle();
 
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      if (!record) return;
+      button.disabled = true;
+      let done = false;
+      try {
+        show("pending", "signing and sending… (waiting for the worker's ruling)");
+        const { ok, body } = await send(taskId, await sign(taskId, form, record));
+        if (!ok) {
+          show("rejected", `not sent: ${body.error || "unknown error"}`);
+        } else {
+          show(body.status, body.line);
+          done = body.status === "accepted" || body.status === "already resolved";
+          if (done) document.getElementById("status").textContent = body.status === "accepted" ? body.detail : body.status;
+        }
+      } catch (e) {
+        show("rejected", `not sent: ${e.message}`);
+      } finally {
+        button.disabled = done;
+        if (done) button.dataset.done = "1";
+      }
+    });
+  }
+
+  for (const change of changes) setUpChange(taskId, change, () => record);
+}
+
+// A change form: signed with the stored key (signChange) and sent to /api/changes. A form that resolves the
+// request (data-done: an edit, a waiver, a restore) is spent once accepted; the steering form stays usable (a
+// pause, then a resume).
+function setUpChange(taskId, form, key) {
+  const button = form.querySelector("button");
+  const steering = form.id === "steer";
+  if (steering) {
+    const toggle = () => {
+      const kind = form.elements.kind.value;
+      for (const label of form.querySelectorAll("label[data-for]")) {
+        label.hidden = !label.dataset.for.split(" ").includes(kind);
+      }
+    };
+    form.elements.kind.addEventListener("change", toggle);
+    toggle();
+  }
+  if (form.id === "restore" && button) {
+    form.addEventListener("change", () => {
+      const chosen = form.querySelector('input[name="version"]:checked');
+      if (chosen) button.textContent = `Make version ${chosen.value} current`;
+    });
+  }
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    if (!record) return;
+    const record = key();
+    if (!record || !button) return;
     button.disabled = true;
     let done = false;
     try {
-      show("pending", "signing and sending… (waiting for the worker's ruling)");
-      const { ok, body } = await send(taskId, await sign(taskId, form, record));
+      const c = changeOf(form);
+      show("pending", `signing and sending… (waiting for the worker's ruling)`);
+      const { ok, body } = await send(taskId, await signChange(taskId, c, record), "changes");
       if (!ok) {
         show("rejected", `not sent: ${body.error || "unknown error"}`);
       } else {
         show(body.status, body.line);
-        done = body.status === "accepted" || body.status === "already resolved";
-        if (done) document.getElementById("status").textContent = body.status === "accepted" ? body.detail : body.status;
+        if (body.status === "accepted") {
+          if (steering) {
+            afterSteer(form, c, record.approver);
+          } else {
+            done = true;
+            document.getElementById("status").textContent = form.dataset.done;
+          }
+        }
       }
     } catch (e) {
       show("rejected", `not sent: ${e.message}`);
     } finally {
       button.disabled = done;
+      if (done) button.dataset.done = "1";
     }
   });
+}
 
-  if (edit) {
-    edit.addEventListener("submit", async (event) => {
-      event.preventDefault();
-      if (!record) return;
-      editButton.disabled = true;
-      let done = false;
-      try {
-        show("pending", "signing and sending the edit… (waiting for the worker's ruling)");
-        const { ok, body } = await send(taskId, await signEdit(taskId, edit, record), "changes");
-        if (!ok) {
-          show("rejected", `not sent: ${body.error || "unknown error"}`);
-        } else {
-          show(body.status, body.line);
-          done = body.status === "accepted";
-          if (done) document.getElementById("status").textContent = "resolved by your edit";
-        }
-      } catch (e) {
-        show("rejected", `not sent: ${e.message}`);
-      } finally {
-        editButton.disabled = done;
-      }
-    });
+// The steering form once a change was accepted: what the task is doing now, and the likely next step offered.
+function afterSteer(form, c, approver) {
+  const paused = document.getElementById("paused");
+  if (c.kind === "pause") {
+    paused.textContent = `Paused by ${approver}: nothing new starts until someone resumes it.`;
+    form.elements.kind.value = "resume";
+  } else if (c.kind === "resume") {
+    paused.textContent = "Running: pausing it stops anything new from starting (work under way finishes).";
+    form.elements.kind.value = "pause";
   }
+  form.elements.kind.dispatchEvent(new Event("change"));
+  form.elements.note.value = "";
 }
 
 document.addEventListener("DOMContentLoaded", setUp);
