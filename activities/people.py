@@ -52,6 +52,7 @@ from rules.people import (
 )
 from rules.pricing import RoutePrice
 from rules.projection import Projection, apply, fold
+from runtime import faults
 from runtime.settings import ConfigError, Settings
 from runtime.signing import demo_public_keys, verify
 from runtime.standard_webhooks import sign
@@ -171,13 +172,15 @@ class PeopleActivities:
                 if ruling.event is not None:
                     key = change_key(task_id, ruling.ref)
                     self.recorder.append_idempotent(task_id, to_new(ruling.event, dedup_key=key))
+                    faults.mark("change_recorded", op=ruling.ref)
                 elif ruling.rejection is not None:
                     marker = to_new(ruling.marker(), dedup_key=rejected_key(task_id, ruling.ref))
                     self.recorder.append_idempotent(task_id, marker)
                 for e in self.recorder.read_events(task_id, after_seq=p.watermark):
                     apply(p, e)  # the next change of the batch is ruled on what this one left
-                # An edit of a dead-lettered node resolves its dead letter (idempotent: a batch retried after
-                # the change was recorded but before this was still records it once).
+                # The request the change settles (an edited node's dead letter, a restored node's approval,
+                # the waived rework's escalation) is resolved — idempotent: a batch retried after the change
+                # was recorded but before this (a worker killed at "change_recorded") still records it once.
                 if (found := recovery(p, received.decision)) is not None:
                     rid, resolved = found
                     key = resolution_key(task_id, rid)

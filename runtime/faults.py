@@ -24,6 +24,7 @@ POINTS = (
     "artifact_staged",  # the artifact's bytes are in a temp file, not yet renamed into place
     "artifact_stored",  # the artifact is in the store, its Outcome not yet recorded
     "outcome_recorded",  # the result (Outcome / Failure) committed
+    "change_recorded",  # a person's signed change committed (TaskChange), what it settles not yet
 )
 
 

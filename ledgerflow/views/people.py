@@ -395,22 +395,37 @@ async def _update(
     payload: dict[str, Any],
     accept_within: float,
     timeout: float,
+    *,
+    keep_asking: bool = False,
 ) -> Sent | None:
     """Send ``payload`` as the task's ``name`` Update and return its ruling; None if no worker accepted it
-    within ``accept_within`` seconds. A validator's refusal is the sender's to read (nothing was recorded)."""
+    within ``accept_within`` seconds. A validator's refusal is the sender's to read (nothing was recorded).
+
+    The Update's id is ``ref`` (the decision's or the change's id), so asking again is the same Update:
+    Temporal answers a repeat with the first one's outcome. ``keep_asking``: ask again each ``accept_within``
+    seconds until ``timeout`` — a worker killed while ruling on it (the change recorded, its workflow task
+    never completed) leaves the Update unaccepted, and the next worker takes it."""
     from workflows.contracts import DecisionRuling, workflow_id
 
     client = await connect(settings)
     handle = client.get_workflow_handle(workflow_id(task_id))
+    deadline = time.monotonic() + timeout
     try:
-        update = await handle.start_update(
-            name,
-            payload,
-            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
-            result_type=DecisionRuling,
-            rpc_timeout=timedelta(seconds=accept_within),
-        )
-        told: DecisionRuling = await asyncio.wait_for(update.result(), timeout)
+        while True:
+            try:
+                update = await handle.start_update(
+                    name,
+                    payload,
+                    id=ref,
+                    wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+                    result_type=DecisionRuling,
+                    rpc_timeout=timedelta(seconds=accept_within),
+                )
+                break
+            except WorkflowUpdateRPCTimeoutOrCancelledError:
+                if not keep_asking or time.monotonic() + accept_within > deadline:
+                    raise
+        told: DecisionRuling = await asyncio.wait_for(update.result(), max(0.0, deadline - time.monotonic()))
     except WorkflowUpdateFailedError as e:
         cause = e.cause
         reason = cause.message if isinstance(cause, ApplicationError) else str(cause or e)
@@ -481,16 +496,17 @@ async def change(
 async def send_change(
     settings: Settings, task_id: str, payload: dict[str, Any], *, timeout: float = POLL_SECONDS
 ) -> Sent:
-    """Send a signed change as it is and return its ruling. A change has no signal to fall back on: if no
-    worker accepts it within a few seconds, it is reported ``pending`` and nothing was taken (send it again
-    once a worker runs: the same change id is recorded once)."""
+    """Send a signed change as it is and return its ruling. A change has no signal to fall back on: it is
+    asked again, as the same Update, until a worker takes it or ``timeout`` passes; then it is reported
+    ``pending`` (send it again once a worker runs: the same change id is recorded once)."""
     from workflows.contracts import CHANGE
 
     cid = str(payload.get("change_id", ""))
     within = min(ACCEPT_SECONDS, timeout)
-    told = await _update(settings, task_id, CHANGE, cid, payload, within, timeout)
+    told = await _update(settings, task_id, CHANGE, cid, payload, within, timeout, keep_asking=True)
     if told is None:
-        return Sent(cid, "pending", f"no worker took the change within {within:g}s: nothing was changed")
+        why = f"no worker took the change within {timeout:g}s"
+        return Sent(cid, "pending", f"{why}: send it again once one runs (it is recorded at most once)")
     return told
 
 
