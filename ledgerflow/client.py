@@ -18,7 +18,7 @@ from rules.plan import Plan, Routes, load_plan
 from rules.projection import fold, node_state, summary, waiting_nodes
 from runtime import telemetry
 from runtime.settings import Settings, get_settings
-from runtime.signing import demo_public_keys
+from runtime.signing import ApproverKey, demo_public_keys
 from runtime.temporal_config import connect_options
 from vendors.routes import deployment_table
 from workflows.contracts import TaskInput, TaskResult, workflow_id
@@ -183,3 +183,24 @@ def events(settings: Settings, task_id: str) -> list[StoredEvent]:
     if not rows:
         raise ClientError(f"no task {task_id!r} in the ledger")
     return rows
+
+
+async def change(
+    settings: Settings,
+    key: ApproverKey,
+    task_id: str,
+    kind: str,
+    *,
+    node: str | None = None,
+    edit: dict[str, Any] | None = None,
+    note: str = "",
+) -> Any:
+    """Steer a running task: sign a change (pause, resume, edit, reroute, skip, waive, restore — see
+    ``rules.changes``) with the approver's ``key`` and send it as the task's ``change`` Update; the ruling,
+    once recorded (``.status``: accepted, rejected or pending; ``.detail``: by whom, or why not).
+
+    ``edit``: an edit's request fields, a re-route's ``{"route": R}``, a restore's ``{"version": N}``.
+    The same signing and sending as ``ledgerflow change`` and the reviewer page."""
+    from ledgerflow.views import people  # the views import this module: imported when called
+
+    return await people.change(settings, key, task_id, kind, node=node, edit=edit, note=note)

@@ -16,6 +16,7 @@ from typing import Any
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from ledgerflow import client
 from ledgerflow.views import people
 from ledgerflow.views.audit import audit_signatures
 from rules.events import Intent, PartialResolution, TaskChange, parse
@@ -120,7 +121,9 @@ async def test_a_skipped_item_and_the_clip_only_it_feeds_never_run_and_nothing_i
         "clips/S03": "cancelled",
         "clips/S02": "pending",
     }
-    assert (await send(lf, tid, "resume")).status == "accepted"
+    # The Python client's method signs and sends the same way.
+    resumed = await client.change(lf.settings, demo_key("director"), tid, "resume")
+    assert (resumed.status, resumed.detail) == ("accepted", "resume by director")
     result = await finished(handle)
     assert result.state == "Completed", result.summary
 
