@@ -52,11 +52,11 @@ from ledgerflow.review.auth import (
     session_secret,
 )
 from ledgerflow.views import people
-from ledgerflow.views.queue import group
+from ledgerflow.views.queue import dead_letter_groups, dead_letters, group
 from rules.changes import parse_change
 from rules.people import parse_decision
 from rules.plan import ID_PATTERN
-from rules.projection import TaskState
+from rules.projection import TaskState, fold
 from runtime.settings import ConfigError, Settings
 
 HERE: Final = Path(__file__).resolve().parent
@@ -289,11 +289,44 @@ def create_app(
 
     # ── pages ────────────────────────────────────────────────────────────────────────────────────────
 
+    def shared_causes(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The open dead letters among ``rows`` (the visible queue) grouped by systemic cause as
+        ``ledgerflow dlq --groups`` groups them (``dead_letter_groups``), only the groups of two or more: each
+        with its share of the open dead letters shown, its cause in words and its members (blocking: reads
+        the ledger, for the tasks with an open dead letter only)."""
+        shown = {r["id"] for r in rows if r["kind"] == "dead_letter"}
+        if len(shown) < 2:
+            return []
+        rec = recorder(settings)
+        try:
+            entries: list[dict[str, Any]] = []
+            for task_id in sorted({r["task_id"] for r in rows if r["id"] in shown}):
+                events = rec.read_events(task_id)
+                if events:
+                    entries += dead_letters(fold(events), events)
+        finally:
+            rec.dispose()
+        # Open now and in the queue the page shows (a dead letter resolved meanwhile is left out).
+        entries = [e for e in entries if e["id"] in shown and e["status"] == "open"]
+        out = []
+        for g in dead_letter_groups(entries):
+            if g["count"] < 2:
+                continue
+            kind, _, shape = g["cause"].partition(": ")
+            members = []
+            for global_id in g["ids"]:
+                task_id, request_id = people.parse_global_id(global_id)
+                members.append({"id": global_id, "task_id": task_id, "request_id": request_id})
+            what = _FAILURE_KINDS.get(kind, kind.replace("_", " "))
+            out.append({**g, "of": len(entries), "what": what, "shape": shape, "members": members})
+        return out
+
     @app.get("/queue")
     def queue_page(request: Request) -> Response:
         identity = page_identity(request)
         rows = visible_queue(identity)
-        return render(request, "queue.html", {"rows": rows, "now": datetime.now(UTC)}, identity=identity)
+        context = {"rows": rows, "groups": shared_causes(rows), "now": datetime.now(UTC)}
+        return render(request, "queue.html", context, identity=identity)
 
     @app.get("/requests/{task_id}/{request_id:path}")
     def request_page(request: Request, task_id: str, request_id: str) -> Response:
@@ -505,6 +538,17 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+# A dead letter's failure kind (rules.events.FailureKind), as the group of dead letters it causes is named.
+_FAILURE_KINDS: Final = {
+    "technical": "technical failures (retries used up)",
+    "stalled": "jobs that kept stalling",
+    "content": "content the vendor refused",
+    "invalid_output": "output that failed validation",
+    "unknown_outcome": "jobs whose outcome is unknown",
+    "unknown": "an unknown failure",
+}
 
 
 # Internal names as a person reads them (request kinds, task states, node states).

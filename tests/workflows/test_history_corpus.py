@@ -33,6 +33,10 @@ REQUIRED = {
     "test_a_paused_task_dispatches_nothing_new_finishes_what_is_in_flight_and_goes_on_after_resume",
     # v5: every version check answered at the run's start (steady-patches-v1), a decision by Update
     "test_a_node_goes_leased_running_waiting_human_succeeded_and_unrun_nodes_end_cancelled",
+    # v6: people skip a fan-out item, waive a rework finding, restore an earlier version (rule table 8)
+    "test_a_skipped_item_and_the_clip_only_it_feeds_never_run_and_nothing_is_paid_for_them",
+    "test_a_waiver_of_the_blamed_output_answers_the_rework_limit_and_the_task_completes_unredone",
+    "test_restoring_an_earlier_version_reuses_what_was_built_on_it_and_pays_nothing_again",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 

@@ -137,27 +137,36 @@ async function importKeyFile(file, approver) {
   return record;
 }
 
+// One signing path for every decision the page sends (a request's own form, or each member of a group of dead
+// letters): d is {request_id, decision, note, amount, scope}; the rest is this browser's key and clock.
+async function signDecision(taskId, d, record) {
+  const signed = {
+    decision_id: crypto.randomUUID(),
+    request_id: d.request_id,
+    decision: d.decision,
+    approver: record.approver,
+    key_id: record.key_id,
+    note: d.note || "",
+    amount: d.amount ?? null,
+    scope: d.scope ?? null,
+    issued_at: new Date().toISOString(),
+  };
+  const message = new TextEncoder().encode(canonical(taskId, signed));
+  signed.signature = hex(await crypto.subtle.sign({ name: "Ed25519" }, record.key, message));
+  return signed;
+}
+
+// The request page's decision form, signed. Throws an Error with a message for a person on a bad amount.
 async function sign(taskId, form, record) {
   const fields = form.elements;
   const decision = fields.decision.value;
   const budget = decision === "add_budget";
-  const d = {
-    decision_id: crypto.randomUUID(),
-    request_id: form.dataset.requestId,
-    decision,
-    approver: record.approver,
-    key_id: record.key_id,
-    note: fields.note.value,
-    amount: budget ? fields.amount.value.trim() : null,
-    scope: budget ? fields.scope.value : null,
-    issued_at: new Date().toISOString(),
-  };
-  if (budget && !/^[0-9]{1,12}(\.[0-9]{1,12})?$/.test(d.amount)) {
+  const amount = budget ? fields.amount.value.trim() : null;
+  if (budget && !/^[0-9]{1,12}(\.[0-9]{1,12})?$/.test(amount)) {
     throw new Error("the amount must be a positive decimal number, like 2.5");
   }
-  const message = new TextEncoder().encode(canonical(taskId, d));
-  d.signature = hex(await crypto.subtle.sign({ name: "Ed25519" }, record.key, message));
-  return d;
+  const scope = budget ? fields.scope.value : null;
+  return signDecision(taskId, { request_id: form.dataset.requestId, decision, note: fields.note.value, amount, scope }, record);
 }
 
 async function send(taskId, payload, what = "decisions") {
@@ -172,7 +181,7 @@ async function send(taskId, payload, what = "decisions") {
     body: JSON.stringify(payload),
   });
   const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
-  return { ok: response.ok, body };
+  return { ok: response.ok, status: response.status, retryAfter: Number(response.headers.get("Retry-After")), body };
 }
 
 function show(status, text) {
@@ -230,17 +239,27 @@ async function setUp() {
   showDeadline();
   showTimes();
   showTexts();
-  const keySection = document.getElementById("key");
-  if (!keySection) return; // the task has ended: nothing to sign
+  if (!document.getElementById("key")) return; // the task has ended, or no group to resume: nothing to sign
   const form = document.getElementById("decide");
   const changes = Array.from(document.querySelectorAll("form.change"));
+  const groups = Array.from(document.querySelectorAll("form.group"));
+  const buttons = [form, ...changes, ...groups].filter(Boolean).map((f) => f.querySelector("button")).filter(Boolean);
+  const key = await setUpKey(buttons);
+  if (!key) return;
+  const taskId = (form || changes[0])?.dataset.taskId;
+  if (form) setUpDecision(taskId, form, key);
+  for (const change of changes) setUpChange(taskId, change, key);
+  for (const g of groups) setUpGroup(g, key);
+}
+
+// The key section (#key): the approver's key found in IndexedDB, or loaded from their key file, or forgotten.
+// Enables ``buttons`` (those not spent, data-done) while a key is there. Returns the getter of the current
+// key record, or null when this browser cannot sign at all.
+async function setUpKey(buttons) {
   const approver = document.body.dataset.approver;
-  const taskId = (form || changes[0]).dataset.taskId;
   const status = document.getElementById("key-status");
   const load = document.getElementById("key-load");
   const forget = document.getElementById("key-forget");
-  const button = document.getElementById("sign");
-  const buttons = [button, ...changes.map((f) => f.querySelector("button"))].filter(Boolean);
   let record = null;
 
   const ready = (r) => {
@@ -254,7 +273,7 @@ async function setUp() {
 
   if (!window.crypto?.subtle || !window.indexedDB) {
     status.textContent = "This browser cannot sign here (it needs WebCrypto Ed25519 and IndexedDB over HTTPS or localhost).";
-    return;
+    return null;
   }
   try {
     ready((await storedKey(approver)) || null);
@@ -279,38 +298,101 @@ async function setUp() {
     await forgetKey(approver);
     ready(null);
   });
+  return () => record;
+}
 
-  if (form) {
-    const budget = document.getElementById("budget");
-    const toggle = () => { if (budget) budget.hidden = form.elements.decision.value !== "add_budget"; };
-    form.addEventListener("change", toggle);
-    toggle();
+// The request page's decision form: signed with the stored key (sign) and sent to /api/decisions.
+function setUpDecision(taskId, form, key) {
+  const button = document.getElementById("sign");
+  const budget = document.getElementById("budget");
+  const toggle = () => { if (budget) budget.hidden = form.elements.decision.value !== "add_budget"; };
+  form.addEventListener("change", toggle);
+  toggle();
 
-    form.addEventListener("submit", async (event) => {
-      event.preventDefault();
-      if (!record) return;
-      button.disabled = true;
-      let done = false;
-      try {
-        show("pending", "signing and sending… (waiting for the worker's ruling)");
-        const { ok, body } = await send(taskId, await sign(taskId, form, record));
-        if (!ok) {
-          show("rejected", `not sent: ${body.error || "unknown error"}`);
-        } else {
-          show(body.status, body.line);
-          done = body.status === "accepted" || body.status === "already resolved";
-          if (done) document.getElementById("status").textContent = body.status === "accepted" ? body.detail : body.status;
-        }
-      } catch (e) {
-        show("rejected", `not sent: ${e.message}`);
-      } finally {
-        button.disabled = done;
-        if (done) button.dataset.done = "1";
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const record = key();
+    if (!record) return;
+    button.disabled = true;
+    let done = false;
+    try {
+      show("pending", "signing and sending… (waiting for the worker's ruling)");
+      const { ok, body } = await send(taskId, await sign(taskId, form, record));
+      if (!ok) {
+        show("rejected", `not sent: ${body.error || "unknown error"}`);
+      } else {
+        show(body.status, body.line);
+        done = body.status === "accepted" || body.status === "already resolved";
+        if (done) document.getElementById("status").textContent = body.status === "accepted" ? body.detail : body.status;
       }
-    });
-  }
+    } catch (e) {
+      show("rejected", `not sent: ${e.message}`);
+    } finally {
+      button.disabled = done;
+      if (done) button.dataset.done = "1";
+    }
+  });
+}
 
-  for (const change of changes) setUpChange(taskId, change, () => record);
+// A group of dead letters that share a cause (the queue page): one resume per member, each signed with the
+// stored key (signDecision) and sent to /api/decisions one after the other; each member's ruling is shown by
+// it. A member accepted or already resolved is done; pressing the button again sends only the others. When the
+// server says decisions come too fast (429), the page waits as long as it asks, then signs again.
+function setUpGroup(form, key) {
+  const button = form.querySelector("button");
+  const members = Array.from(form.querySelectorAll("li[data-request-id]"));
+  const mark = (li, status, text) => {
+    const ruling = li.querySelector(".ruling");
+    ruling.className = `ruling ${status.replace(/ /g, "-")}`;
+    ruling.textContent = text;
+  };
+  const sendOne = async (li, record, note) => {
+    const taskId = li.dataset.taskId;
+    for (let tries = 0; ; tries++) {
+      const signed = await signDecision(taskId, { request_id: li.dataset.requestId, decision: "resume", note }, record);
+      const { ok, status, retryAfter, body } = await send(taskId, signed);
+      if (status === 429 && tries < 5) {
+        const seconds = retryAfter > 0 ? retryAfter : 6;
+        mark(li, "pending", `waiting ${seconds} s: the server limits how fast one person's decisions arrive`);
+        await new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+        continue;
+      }
+      return ok ? body : { status: "rejected", line: `not sent: ${body.error || "unknown error"}` };
+    }
+  };
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const record = key();
+    if (!record) return;
+    const todo = members.filter((li) => !li.dataset.done);
+    const note = form.elements.note.value;
+    button.disabled = true;
+    const tally = {};
+    for (const li of todo) {
+      mark(li, "pending", "signing and sending… (waiting for the worker's ruling)");
+      let ruled;
+      try {
+        ruled = await sendOne(li, record, note);
+      } catch (e) {
+        ruled = { status: "rejected", line: `not sent: ${e.message}` };
+      }
+      mark(li, ruled.status, ruled.line);
+      if (ruled.status === "accepted" || ruled.status === "already resolved") li.dataset.done = "1";
+      const word = ruled.status === "rejected" ? "refused or not sent" : ruled.status;
+      tally[word] = (tally[word] || 0) + 1;
+    }
+    const left = members.filter((li) => !li.dataset.done).length;
+    const summary = Object.entries(tally).map(([word, n]) => `${n} ${word}`).join(", ");
+    show(left ? "rejected" : "accepted", `${todo.length} resume decision(s) sent: ${summary}`
+      + (left ? `; ${left} not resolved yet (each says why)` : ""));
+    if (left) {
+      button.textContent = `Resume the ${left} left`;
+    } else {
+      button.dataset.done = "1";
+    }
+    button.disabled = !left;
+  });
 }
 
 // A change form: signed with the stored key (signChange) and sent to /api/changes. A form that resolves the
