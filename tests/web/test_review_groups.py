@@ -140,9 +140,10 @@ async def test_a_group_of_dead_letters_is_resumed_in_the_browser_with_one_signed
         [sent] = [p for p in posted if p["decision_id"] == d.decision_id]
         assert sent["issued_at"] and (sent["amount"], sent["scope"]) == (None, None)
         fields = (d.decision_id, d.request_id, d.decision.value, d.approver, d.key_id)
-        signed = canonical(tid, *fields, None, None, d.note, sent["issued_at"])
-        assert verify(key.public_key, signed, sent["signature"]), f"{tid}: signed in the browser"
+        assert d.signed == canonical(tid, *fields, None, None, d.note, sent["issued_at"])
         assert d.signature == sent["signature"], f"{tid}: the ledger holds the browser's signature"
+        assert d.signed is not None and d.signature is not None
+        assert verify(key.public_key, d.signed, d.signature), f"{tid}: signed in the browser, verifies"
         assert not fold(events).requests[rid].open
     odd_events = lf.recorder.read_events(str(odd.task_id))
     assert fold(odd_events).requests[odd_rid].open, "the odd one out was not resumed"

@@ -5,6 +5,7 @@ Temporal, real Postgres, the simulator."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -52,6 +53,15 @@ async def test_an_aborted_task_unpublishes_what_it_published_before_it_is_failed
         assert sent.status == "accepted"
         status = await lf.wait_state(handle, {"Compensating"})  # aborted, not final yet
         assert status["terminal_reason"] == "aborted by producer"
+        # A published clip whose undo is in flight reads "compensating" (issue 26 §4).
+        while not any(n["state"] == "compensating" for n in status["nodes"].values()):
+            assert status["state"] == "Compensating", f"no node was seen compensating: {status['nodes']}"
+            await asyncio.sleep(0.05)
+            status = await handle.query("status")
+        assert {n for n, v in status["nodes"].items() if v["state"] == "compensating"} <= {
+            "publish/S01",
+            "publish/S02",
+        }
         result = await handle.result()
         report = await audit(lf.settings, lf.recorder, lf.client, [plan.task_id], billing=True)
         # The same plan again in the project (reuse: project): the unpublished clips are not reused.

@@ -245,10 +245,14 @@ async def test_restoring_an_earlier_version_reuses_what_was_built_on_it_and_pays
     shot_v1 = p.nodes["shot"].outputs[0].artifact["sha256"]
     missing = await send(lf, tid, "restore", node="board", edit={"version": 3})
     assert missing.status == "rejected" and "no version 3" in missing.detail, missing
+    assert (await send(lf, tid, "pause")).status == "accepted"  # to read the states the restore leaves
     restored = await send(
         lf, tid, "restore", node="board", edit={"version": 1}, note="the first lighthouse was the one"
     )
     assert (restored.status, restored.detail) == ("accepted", "restore by director"), restored
+    states = {n: v["state"] for n, v in (await handle.query("status"))["nodes"].items()}
+    assert states == {"board": "succeeded", "shot": "stale", "compose": "stale", "review": "stale"}, states
+    assert (await send(lf, tid, "resume")).status == "accepted"
     result = await finished(handle)
     assert (result.state, result.summary["verdict"]) == ("Completed", "Pass"), result.summary
 
