@@ -16,6 +16,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 import httpx
+from opentelemetry import trace
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -31,6 +32,7 @@ from rules.keys import decision_key
 from rules.llm import Proposal, check_llm_action, parse_proposal
 from rules.money import MAX_AMOUNT, VendorAmount, priced_amount, usage_problem
 from rules.projection import apply, fold
+from runtime import telemetry
 from runtime.settings import Settings
 from vendors.openai import ChatCompletion
 
@@ -124,6 +126,26 @@ class ChatClient:
             "temperature": 0,
         }
         prompt_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        # A client span in the GenAI semantic conventions' shape (operation, provider, model, usage), with
+        # what the call costs as ``ledgerflow.cost``; never the prompt, the answer, the URL or the key.
+        genai = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": self.model,
+        }
+        with telemetry.span(f"chat {self.model}", genai, kind=trace.SpanKind.CLIENT) as s:
+            reply = await self._complete(body, prompt_hash, request_id)
+            s.set_attributes(
+                {
+                    "gen_ai.response.model": reply.model,
+                    "gen_ai.usage.input_tokens": reply.tokens_in,
+                    "gen_ai.usage.output_tokens": reply.tokens_out,
+                    "ledgerflow.cost": str(reply.cost),
+                }
+            )
+            return reply
+
+    async def _complete(self, body: dict[str, Any], prompt_hash: str, request_id: str | None) -> ChatReply:
         try:
             r = await self._client.post(
                 f"{self._base}/v1/chat/completions",

@@ -182,7 +182,11 @@ class Operation:
             unless=result_key(self.key) if unless_resolved else None,
         )
         marker = event.payload.get("kind") if event.type == "SystemMarker" else None
-        with telemetry.span(span_name, {"ledgerflow.event": event.type, "ledgerflow.marker": marker}) as s:
+        cost = event.payload.get(
+            "actual_cost"
+        )  # what an Outcome or a Failure books: on every paid call's span
+        attrs = {"ledgerflow.event": event.type, "ledgerflow.marker": marker, "ledgerflow.cost": cost}
+        with telemetry.span(span_name, {k: None if v is None else str(v) for k, v in attrs.items()}) as s:
             stored, inserted = await asyncio.to_thread(append)
             s.set_attribute("ledgerflow.inserted", inserted)
         rows = _WRITTEN.get()

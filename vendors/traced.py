@@ -1,7 +1,9 @@
 """A vendor adapter whose every call is a ``vendor.*`` client span (``runtime.telemetry``'s spans).
 
 Each span carries the operation's attributes (task, node, key, epoch, route: ``runtime.telemetry.span``) and
-what the call saw (the job id and status); never a request, a URL or a key. Cheap when tracing is off:
+what the call saw (the job id and status; the vendor's cost figure as ``ledgerflow.cost`` and its token counts
+as the GenAI conventions' ``gen_ai.usage.*`` where it reports them; the route's model as
+``gen_ai.request.model``); never a request, a URL or a key. Cheap when tracing is off:
 OpenTelemetry's no-op spans. Every adapter ``vendors.registry.Adapters`` hands out is one.
 """
 
@@ -33,7 +35,7 @@ class TracedAdapter:
 
     @contextmanager
     def _span(self, call: str, job_id: str | None = None) -> Iterator[trace.Span]:
-        adapter = {"ledgerflow.adapter": self.route.adapter}
+        adapter = {"ledgerflow.adapter": self.route.adapter, "gen_ai.request.model": self.route.model}
         with span(f"vendor.{call}", adapter, kind=trace.SpanKind.CLIENT) as s:
             if job_id is not None:
                 s.set_attribute("ledgerflow.job_id", job_id)
@@ -42,6 +44,12 @@ class TracedAdapter:
     @staticmethod
     def _saw(s: trace.Span, job: VendorJob) -> VendorJob:
         s.set_attributes({"ledgerflow.job_id": job.id, "ledgerflow.job_status": str(job.status)})
+        if job.cost is not None:
+            s.set_attribute("ledgerflow.cost", job.cost[:40])  # the vendor's figure as reported
+        if job.tokens_in or job.tokens_out:
+            s.set_attributes(
+                {"gen_ai.usage.input_tokens": job.tokens_in, "gen_ai.usage.output_tokens": job.tokens_out}
+            )
         return job
 
     async def submit(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,20 @@ async def test_a_task_is_one_trace_from_the_clients_start_to_each_vendor_call_an
         assert (named["ledger.submitting"].end_time or 0) <= (submit.start_time or 0), shown
         assert (named["vendor.download"].end_time or 0) <= (named["ledger.result"].start_time or 0), shown
         assert (named["ledger.result"].attributes or {}).get("ledgerflow.event") == "Outcome", shown
+        # Money on the trace (issue 27 §3): what the result booked, as the ledger holds it.
+        [booked] = [e for e in recorder.read_events(task) if e.type == "Outcome" and e.operation_key == key]
+        cost = (named["ledger.result"].attributes or {}).get("ledgerflow.cost")
+        assert cost == str(booked.payload["actual_cost"]) and Decimal(cost) > 0, shown
+
+    # The review's model call: a client span in the GenAI conventions' shape, with its usage and its cost.
+    [chat] = [s for s in ours if s.name.startswith("chat ")]
+    attrs = dict(chat.attributes or {})
+    assert chat.kind == SpanKind.CLIENT and attrs["ledgerflow.node"] == "review", shown
+    assert (attrs["gen_ai.operation.name"], attrs["gen_ai.provider.name"]) == ("chat", "openai")
+    assert attrs["gen_ai.request.model"] and attrs["gen_ai.response.model"], attrs
+    assert int(attrs["gen_ai.usage.input_tokens"]) > 0 and int(attrs["gen_ai.usage.output_tokens"]) > 0, attrs
+    [judged] = [e for e in recorder.read_events(task) if e.type == "ExecutionResult"]
+    assert attrs["ledgerflow.cost"] == str(judged.payload["actual_cost"]), attrs
 
     # Attributes name operations, never a request, a URL or a key.
     for s in ours:
