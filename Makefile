@@ -25,6 +25,8 @@ test: $(STAMP)
 	$(BIN)/lint-imports  # the layers in pyproject.toml: nothing imports upward
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap)
+	@# promtool (Debian's prometheus package) checks the alert rules and the deployment's Prometheus config.
+	command -v promtool >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)
 	@# Known vulnerabilities in the installed dependencies (pip-audit asks PyPI's JSON API); offline, one line says so.
 	@if $(BIN)/python -c "import urllib.request as u; u.urlopen('https://pypi.org/pypi/pip/json', timeout=10)" 2>/dev/null; \
 	then $(BIN)/pip-audit --local --skip-editable --progress-spinner off -f json -o $(VENV)/pip-audit.json && \

@@ -156,11 +156,14 @@ def up(
 def review(
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8300,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate: serve HTTPS")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="its PEM private key")] = None,
 ) -> None:
-    """Serve the reviewer page and its JSON API (approvers log in with LEDGERFLOW_REVIEW_TOKENS)."""
+    """Serve the reviewer page and its JSON API (approvers log in with LEDGERFLOW_REVIEW_TOKENS); over TLS
+    with --tls-cert and --tls-key (the deployment's reviewer service does)."""
     from ledgerflow.review import serve
 
-    serve(get_settings(), host, port)
+    serve(get_settings(), host, port, tls_cert=tls_cert, tls_key=tls_key)
 
 
 webhooks_app = typer.Typer(
@@ -689,6 +692,78 @@ def billing_schedule(
         return await schedule_reconciliation(client, settings, every=timedelta(seconds=every))
 
     out.print(asyncio.run(go()), markup=False, highlight=False, soft_wrap=True)
+
+
+# ── releases: rebuild, sign, and verify without the ledger (docs/releases.md) ───────────────────────────
+
+
+@app.command()
+@friendly
+def release(
+    task_id: Annotated[str, typer.Argument(metavar="TASK", help="the completed task to release")],
+    key_file: Annotated[
+        Path, typer.Option("--key-file", help="the release key (registered with kind release)")
+    ],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="where to write the output and its manifest (default: state dir)"),
+    ] = None,
+) -> None:
+    """Rebuild the task's final output from the ledger and the content store, refuse unless it hashes to
+    the recorded final output (exit 1, naming the difference), then write it and its signed provenance
+    manifest (.ledgerflow/releases/TASK unless --out)."""
+    from ledgerflow import client as lf
+    from ledgerflow.release.build import ReleaseRefused
+    from ledgerflow.release.build import release as make_release
+    from runtime.signing import KeyFileError, load_key_file
+
+    try:
+        key = load_key_file(key_file)
+    except KeyFileError as e:
+        raise ClientError(str(e)) from None
+    settings = get_settings()
+
+    async def go() -> Any:
+        rec = lf.recorder(settings)
+        try:
+            return await make_release(settings, rec, task_id, key, out_dir)
+        finally:
+            rec.dispose()
+
+    try:
+        made = asyncio.run(go())
+    except ReleaseRefused as e:
+        err.print(f"[red]release refused:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    out.print(f"released {task_id}: {made.method} rebuilt, sha256 {made.sha256}", highlight=False)
+    out.print(f"  output    {made.output}\n  manifest  {made.manifest}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def verify(
+    manifest: Annotated[Path, typer.Argument(metavar="MANIFEST", help="a release manifest (.release.json)")],
+    file: Annotated[Path | None, typer.Argument(metavar="[FILE]", help="the released file to check")] = None,
+    public_key: Annotated[
+        str | None, typer.Option("--public-key", help="the publisher's release key (64 hex)")
+    ] = None,
+    key_file: Annotated[
+        Path | None, typer.Option("--key-file", help="read the public key from a key file")
+    ] = None,
+) -> None:
+    """Check a release manifest's signature and hashes, and FILE's bytes against it, with no database: exit 0
+    verified, 1 not, with one line naming what failed."""
+    from ledgerflow.release.manifest import ManifestError, read_public_key, verify_files
+
+    try:
+        pinned = read_public_key(public_key=public_key, key_file=key_file)
+        verified = verify_files(manifest, file, public_key=pinned)
+    except ManifestError as e:
+        err.print(f"not verified: {e}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except Exception as e:  # never a traceback: any other failure is "not verified" too, named
+        err.print(f"not verified: {type(e).__name__}: {e}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    out.print(verified.line(), markup=False, highlight=False, soft_wrap=True)
 
 
 # ── people in the loop: the queue, one request, deciding, dead letters ─────────────────────────────────

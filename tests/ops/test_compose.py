@@ -44,6 +44,9 @@ SECRETS = {
     "LEDGER_OWNER_DB_PASSWORD": "ledger-owner-secret",
     "LEDGER_WORKER_DB_PASSWORD": "ledger-worker-secret",
     "LEDGER_OPERATOR_DB_PASSWORD": "ledger-operator-secret",
+    "LEDGER_READER_DB_PASSWORD": "ledger-reader-secret",
+    "GRAFANA_ADMIN_PASSWORD": "grafana-admin-secret",
+    "LEDGERFLOW_REVIEW_TOKENS": '{"director": "director-token-1"}',
     "TEMPORAL_DB_PASSWORD": "temporal-db-secret",
     "S3_ADMIN_ACCESS_KEY_ID": "s3-admin-key-id",
     "S3_ADMIN_SECRET_ACCESS_KEY": "s3-admin-secret",
@@ -278,7 +281,7 @@ def test_workers_keep_artifacts_on_the_s3_service_whose_bucket_a_one_shot_job_cr
         f"-s3.cert.file={s3_mount}/tls.crt" in s3["command"]
         and f"-s3.key.file={s3_mount}/tls.key" in s3["command"]
     )
-    assert f"--server-dir={volumes['tls-s3']}" in tls["command"]
+    assert f"--server-dir={volumes['tls-s3']}" in command(tls)
     trust = next(v.split(":")[1] for v in svc["worker"]["volumes"] if v.startswith("tls-trust:"))
     assert env["SSL_CERT_FILE"] == f"{trust}/bundle.pem" and volumes["tls-trust"] == trust
     assert not [n for n, s in svc.items() if n != "tls" and any("tls-ca" in v for v in s.get("volumes", []))]
@@ -289,9 +292,15 @@ def test_no_object_store_port_is_published_and_only_the_temporal_ui_reaches_the_
 ) -> None:
     svc = services(compose)
     published = {name: s["ports"] for name, s in svc.items() if s.get("ports")}
-    # the operator's view of the tasks; everything else (the CLI included) works inside the network
-    assert published == {"temporal-ui": ["127.0.0.1:8080:8080"]}, published
-    for name in ("seaweedfs", "s3-bucket", "s3-identities", "temporal", "ledger-db", "temporal-db"):
+    # the operator's view of the tasks and its dashboards, and the approvers' page (over HTTPS, this host
+    # unless LEDGERFLOW_REVIEW_BIND says otherwise); everything else (the CLI included) works in the network
+    assert published == {
+        "temporal-ui": ["127.0.0.1:8080:8080"],
+        "grafana": ["127.0.0.1:3000:3000"],
+        "review": ["127.0.0.1:8443:8443"],
+    }, published
+    names = ("seaweedfs", "s3-bucket", "s3-identities", "temporal", "ledger-db", "temporal-db", "prometheus")
+    for name in (*names, "otel-collector"):
         assert "ports" not in svc[name], name
     s3 = svc["seaweedfs"]
     assert "expose" not in s3 and s3.get("network_mode") is None  # not on the host's network either
@@ -373,8 +382,8 @@ def test_every_image_is_pinned_to_a_version_tag(compose: dict[str, Any]) -> None
         assert repo and tag and tag != "latest" and "@" not in repo, f"{name}: {image}"
         if repo == "ledgerflow":
             assert tag == version, f"{name}: {image} is not the version in pyproject.toml"
-        else:  # a release, not a moving major tag
-            assert re.fullmatch(r"\d+\.\d+(\.\d+)?", tag), f"{name}: {image}"
+        else:  # a release, not a moving major tag (Prometheus tags its releases v3.5.0)
+            assert re.fullmatch(r"v?\d+\.\d+(\.\d+)?", tag), f"{name}: {image}"
     for line in DOCKERFILE.read_text().splitlines():
         if line.startswith("FROM "):
             assert re.fullmatch(r"FROM python:3\.11\.\d+-slim-\w+( AS \w+)?", line), line
@@ -508,3 +517,104 @@ def test_the_private_ca_lets_the_s3_store_reach_an_https_endpoint_through_ssl_ce
     assert trusted.stdout.startswith("s3://ledgerflow/artifacts/")
     untrusted = subprocess.run(run, env=env, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert untrusted.returncode != 0  # without the bundle the same call fails: SSL_CERT_FILE is what works
+
+
+# ── observability and the reviewer page (issue 27 §3) ───────────────────────────────────────────────────
+def _config_file(compose: dict[str, Any], service: dict[str, Any], target: str) -> Path:
+    """The file in this repository that compose mounts at ``target`` in ``service`` (a top-level config)."""
+    [source] = [c["source"] for c in service["configs"] if c["target"] == target]
+    return ROOT / compose["configs"][source]["file"]
+
+
+def test_every_config_compose_mounts_is_a_file_here(compose: dict[str, Any]) -> None:
+    missing = [c["file"] for c in compose["configs"].values() if not (ROOT / c["file"]).is_file()]
+    assert missing == []
+
+
+def test_prometheus_scrapes_the_workers_and_temporal_and_loads_the_alert_rules(
+    compose: dict[str, Any],
+) -> None:
+    svc = services(compose)
+    prom = svc["prometheus"]
+    config = yaml.safe_load(_config_file(compose, prom, "/etc/prometheus/prometheus.yml").read_text())
+    alerts = next(c["target"] for c in prom["configs"] if c["source"] == "prometheus-alerts")
+    assert config["rule_files"] == [alerts]
+    assert compose["configs"]["prometheus-alerts"]["file"] == "./ops/prometheus/alerts.yml"
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    [workers] = jobs["ledgerflow-worker"]["dns_sd_configs"]
+    # every replica of the worker service, on the port its metrics server listens on
+    assert workers["names"] == ["worker"] and workers["type"] == "A"
+    assert str(workers["port"]) == svc["worker"]["environment"]["LEDGERFLOW_METRICS_PORT"]
+    temporal_metrics = svc["temporal"]["environment"]["PROMETHEUS_ENDPOINT"].rpartition(":")[2]
+    assert jobs["temporal"]["static_configs"] == [{"targets": [f"temporal:{temporal_metrics}"]}]
+    checked = subprocess.run(
+        [
+            "promtool",
+            "check",
+            "config",
+            "--syntax-only",
+            str(_config_file(compose, prom, "/etc/prometheus/prometheus.yml")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard(compose: dict[str, Any]) -> None:
+    svc = services(compose)
+    grafana = svc["grafana"]
+    datasources = yaml.safe_load(
+        _config_file(compose, grafana, "/etc/grafana/provisioning/datasources/ledgerflow.yml").read_text()
+    )
+    [source] = datasources["datasources"]
+    assert (source["type"], source["url"], source["isDefault"]) == (
+        "prometheus",
+        "http://prometheus:9090",
+        True,
+    )
+    assert "prometheus" in svc
+    providers = yaml.safe_load(
+        _config_file(compose, grafana, "/etc/grafana/provisioning/dashboards/ledgerflow.yml").read_text()
+    )
+    [provider] = providers["providers"]
+    dashboard = next(c for c in grafana["configs"] if c["source"] == "grafana-dashboard")
+    assert Path(dashboard["target"]).parent == Path(provider["options"]["path"])
+    assert compose["configs"]["grafana-dashboard"]["file"] == "./ops/grafana/ledgerflow.json"
+    assert depends(grafana) == {"prometheus": "service_healthy"}
+    assert grafana["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+
+
+def test_workers_send_their_traces_to_the_collector_which_receives_otlp_over_http(
+    compose: dict[str, Any],
+) -> None:
+    svc = services(compose)
+    collector = svc["otel-collector"]
+    config = yaml.safe_load(_config_file(compose, collector, "/etc/otelcol/config.yaml").read_text())
+    http = config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rpartition(":")[2]
+    for name in ("worker", "review", "cli"):
+        assert svc[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://otel-collector:{http}", (
+            name
+        )
+    traces = config["service"]["pipelines"]["traces"]
+    assert traces["receivers"] == ["otlp"] and set(traces["exporters"]) <= set(config["exporters"])
+
+
+def test_the_reviewer_page_is_served_over_tls_with_the_private_cas_certificate_as_the_reader(
+    compose: dict[str, Any],
+) -> None:
+    svc = services(compose)
+    review, tls, migrate = svc["review"], svc["tls"], svc["migrate"]
+    line = command(review)
+    mount = next(v.split(":")[1] for v in review["volumes"] if v.startswith("tls-review:"))
+    assert f"--tls-cert={mount}/tls.crt" in line and f"--tls-key={mount}/tls.key" in line
+    issued = next(v.split(":")[1] for v in tls["volumes"] if v.startswith("tls-review:"))
+    assert f"--server-dir={issued}" in command(tls) and "--host=review" in command(tls)
+    assert depends(review)["tls"] == "service_completed_successfully"
+    assert depends(review)["migrate"] == "service_completed_successfully"
+    env = review["environment"]
+    assert env["LEDGERFLOW_DATABASE_URL"].startswith("postgresql+psycopg://lf_reader@")
+    assert env["PGPASSWORD"] == migrate["environment"]["LEDGERFLOW_DB_READER_PASSWORD"]
+    assert env["LEDGERFLOW_REVIEW_TOKENS"] == SECRETS["LEDGERFLOW_REVIEW_TOKENS"]
+    assert "https://localhost:8443/login" in str(review["healthcheck"]["test"])
