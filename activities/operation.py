@@ -255,6 +255,19 @@ class Operation:
         marker = SystemMarker(kind=MarkerKind.ARTIFACT_LOST, node=node, operation_key=self.key, detail=sha256)
         await self.write(to_new(marker, dedup_key=lost_key(self.key, sha256), operation_key=self.key))
 
+    async def refetched(self, node: str, sha256: str, job_id: str) -> None:
+        """The output of ``node`` with these bytes was missing or corrupt and is back, fetched again from
+        vendor job ``job_id`` and verified: recorded, so the audit sees the store lost it once."""
+        marker = SystemMarker(
+            kind=MarkerKind.ARTIFACT_REFETCHED,
+            node=node,
+            operation_key=self.key,
+            detail=f"{sha256} from job {job_id}"[:2000],
+        )
+        await self.write(
+            to_new(marker, dedup_key=f"{lost_key(self.key, sha256)}:refetched", operation_key=self.key)
+        )
+
     async def late_charge(self, job_id: str, amount: VendorAmount, why: str) -> None:
         """A job the vendor created for this key after the operation was resolved: its charge is spent."""
         cost = amount.amount if amount.amount is not None else self.estimate
@@ -273,16 +286,25 @@ class Operation:
             await self.anomaly(f"late job {job_id} charged {cost}{raw}: {why}", f"late:{job_id}")
 
     async def check_inputs(
-        self, inputs: list[dict[str, Any]], store_for: Callable[[str], ArtifactStore]
+        self,
+        inputs: list[dict[str, Any]],
+        store_for: Callable[[str], ArtifactStore],
+        refetch: Callable[[dict[str, Any]], Awaitable[bool]] | None = None,
     ) -> StoredEvent | None:
         """Verify every input artifact against its recorded sha256 before it is handed on.
 
-        The first one whose bytes are gone or changed is recorded as lost (its producer makes it again) and
-        the operation is voided, nothing sent: that void is returned. None: every input is intact.
+        One whose bytes are gone or changed is fetched again from the vendor job that made it where
+        ``refetch`` can (``Outputs.refetch``: nothing paid); the first that cannot be is recorded as lost (its
+        producer makes it again) and the operation is voided, nothing sent: that void is returned. None:
+        every input is intact.
         """
         for ref in inputs:
             store = store_for(ref["uri"])
-            if not await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"]):
+            if not await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"]) and not (
+                refetch is not None
+                and await refetch(ref)
+                and await asyncio.to_thread(store.verify, ref["uri"], ref["sha256"])
+            ):
                 producer = str(ref.get("node") or self.node)
                 await self.lost(producer, ref["sha256"])
                 return await self.void(

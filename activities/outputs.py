@@ -21,6 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from temporalio import activity
+
 from activities.contracts import StageInput
 from activities.operation import Operation
 from artifacts.store import ArtifactCorrupt, ArtifactMissing, ArtifactStore, read_chunks, sha256_of
@@ -34,6 +36,7 @@ from rules.projection import fold
 from runtime.faults import mark
 from vendors.adapter import JobStatus, MediaInfo, VendorAdapter, VendorJob, job_amount, price_bound
 from vendors.errors import ResultTooLarge, ResultUnavailable, UnsafeResultUrl, VendorError, VendorNotFound
+from vendors.registry import Adapters
 
 MEDIA_FORMATS = frozenset({"png", "jpg", "jpeg", "webp", "gif", "mp4", "mov", "webm", "wav", "mp3", "m4a"})
 
@@ -179,6 +182,57 @@ class Outputs:
                 raise ResultProblem(FailureKind.INVALID_OUTPUT, str(e)) from e
         mark("artifact_stored", op=op.key, sha=stored.sha256[:12])
         return ArtifactRef(uri=stored.uri, sha256=stored.sha256, size=stored.size, media=media, claimed=claim)
+
+    async def refetch(self, op: Operation, adapters: Adapters, ref: dict[str, Any]) -> bool:
+        """Put an input whose bytes are gone or changed in the store back, fetched again from the vendor job
+        that made it, if the vendor still holds its output and it hashes to the recorded sha256 — nothing
+        paid, nothing made again; the ledger records it (``artifact_refetched``). False: it could not be
+        (no vendor job on record, the vendor purged it, other bytes): the caller records it lost.
+
+        The job is the producing Outcome's, found by the input's sha256; its route is the one the producing
+        INTENT dispatched to (a person's re-route since does not change where it was made)."""
+        sha256, node = str(ref["sha256"]), str(ref.get("node") or "")
+        events = await asyncio.to_thread(self.recorder.read_events, op.task_id)
+        made = next(
+            (
+                e
+                for e in reversed(events)
+                if e.type == "Outcome"
+                and e.payload.get("node") == node
+                and (e.payload.get("artifact") or {}).get("sha256") == sha256
+                and e.payload.get("job_id")
+                and not e.payload.get("reused_from")
+            ),
+            None,
+        )
+        intent = next(
+            (
+                e
+                for e in events
+                if made is not None and e.type == "Intent" and e.operation_key == made.operation_key
+            ),
+            None,
+        )
+        executor = (intent.payload.get("action") or {}).get("executor") if intent is not None else None
+        if made is None or not executor:
+            return False
+        job_id = str(made.payload["job_id"])
+        try:
+            adapter = adapters.get(str(executor))
+            job = await adapter.get(job_id)
+            if job.inline is None and job.result is None:
+                return False
+            with self.store.staging(op.key) as staging:
+                if job.inline is not None:
+                    staging.write(job.inline)
+                else:
+                    await adapter.download(job, staging.write)
+                await asyncio.to_thread(self.store.publish, staging, sha256, operation_key=op.key)
+        except (VendorError, ArtifactCorrupt, KeyError) as e:
+            activity.logger.warning("input %s (%s…) could not be fetched again: %s", node, sha256[:12], e)
+            return False
+        await op.refetched(node, sha256, job_id)
+        return True
 
     async def _already_stored(self, inp: StageInput, sha256: str, claimed: Any) -> ArtifactRef | None:
         """These bytes as the store holds them, intact and probed, if it does (one read of the object)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -329,7 +330,8 @@ class StageActivities(ClosingActivities):
         makes it again) and this attempt is voided, nothing sent.
         """
         inputs = refs(inp.input.get("inputs"))
-        if (lost := await op.check_inputs(inputs, self.outputs.store_for)) is not None:
+        refetch = functools.partial(self.outputs.refetch, op, self.adapters)
+        if (lost := await op.check_inputs(inputs, self.outputs.store_for, refetch)) is not None:
             return lost
         route = self.adapters.table.routes.get(inp.executor)
         if route is not None and route.inputs == "upload":

@@ -41,6 +41,9 @@ class MarkerKind(StrEnum):
     ARTIFACT_LOST = (
         "artifact_lost"  # a node's output (sha256 in ``detail``) is missing or corrupt in the store
     )
+    # A node's output (sha256 in ``detail``) found missing or corrupt, fetched again from the vendor job that
+    # made it (it still held it) and verified against its sha256: nothing paid, nothing made again.
+    ARTIFACT_REFETCHED = "artifact_refetched"
     TIMEOUT = "timeout"  # a human request passed its deadline
     STALL = "stall"
     LEASE = "lease"

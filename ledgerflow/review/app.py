@@ -6,7 +6,8 @@ Pages: ``/login``, ``/queue``, ``/requests/{task_id}/{request_id}``, and ``/arti
 the running task (pause, resume, skip, re-route, an edit, a waiver, a restore), in the browser
 (``static/review.js``) and posts it to the same API; the server relays it to the task's workflow as it is
 (``ledgerflow.views.people.relay``, ``send_change``) and answers with the worker's ruling. No private key ever
-reaches the server.
+reaches the server. The queue offers one action for each group of open dead letters that share a systemic
+cause (``ledgerflow dlq --groups``): the page signs a resume for each member and posts each to the same API.
 
 Errors are one line: JSON ``{"error": ...}`` under ``/api/`` and for any request with an ``Authorization``
 header (a tool), a small page otherwise; never a traceback.
@@ -294,7 +295,8 @@ def create_app(
         ``ledgerflow dlq --groups`` groups them (``dead_letter_groups``), only the groups of two or more: each
         with its share of the open dead letters shown, its cause in words and its members (blocking: reads
         the ledger, for the tasks with an open dead letter only)."""
-        shown = {r["id"] for r in rows if r["kind"] == "dead_letter"}
+        place = {r["id"]: i for i, r in enumerate(rows) if r["kind"] == "dead_letter"}
+        shown = place.keys()
         if len(shown) < 2:
             return []
         rec = recorder(settings)
@@ -314,7 +316,7 @@ def create_app(
                 continue
             kind, _, shape = g["cause"].partition(": ")
             members = []
-            for global_id in g["ids"]:
+            for global_id in sorted(g["ids"], key=place.__getitem__):  # in the queue's order
                 task_id, request_id = people.parse_global_id(global_id)
                 members.append({"id": global_id, "task_id": task_id, "request_id": request_id})
             what = _FAILURE_KINDS.get(kind, kind.replace("_", " "))

@@ -71,7 +71,9 @@ async def test_a_group_of_dead_letters_is_resumed_in_the_browser_with_one_signed
     key_file = tmp_path / "director.key.json"
     key.write(key_file)
 
-    app = create_app(lf.settings, tokens=TOKENS, relay_timeout=15, scopes={"director": [f"project:{project}"]})
+    app = create_app(
+        lf.settings, tokens=TOKENS, relay_timeout=15, scopes={"director": [f"project:{project}"]}
+    )
     with served(app) as url:
         async with chromium_page() as page:
             await page.goto(f"{url}/login")
@@ -103,7 +105,9 @@ async def test_a_group_of_dead_letters_is_resumed_in_the_browser_with_one_signed
             posted = []
             page.on(
                 "request",
-                lambda r: posted.append(r.post_data_json) if r.url.startswith(f"{url}/api/decisions/") else None,
+                lambda r: (
+                    posted.append(r.post_data_json) if r.url.startswith(f"{url}/api/decisions/") else None
+                ),
             )
             await button.click()
             for li in await members.all():
@@ -120,8 +124,12 @@ async def test_a_group_of_dead_letters_is_resumed_in_the_browser_with_one_signed
                 await page.evaluate("window.scrollTo(0, 0)")  # headless Chromium: back to the top after
 
             # Every task of the group completes: each failed step got its one more attempt.
-            results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
-            assert [r.state for r in results] == ["Completed"] * 3
+            for tid, handle in zip(tids, handles, strict=True):
+                try:
+                    result = await asyncio.wait_for(handle.result(), 60)
+                except TimeoutError:
+                    raise AssertionError(f"{tid} is not over: {await handle.query('status')}") from None
+                assert result.state == "Completed", tid
 
             # Reloaded, the queue holds only the odd one out: no group left to resume.
             await page.reload()
@@ -135,7 +143,12 @@ async def test_a_group_of_dead_letters_is_resumed_in_the_browser_with_one_signed
         decisions = [d for d in map(parse, events) if isinstance(d, HumanDecision)]
         assert len(decisions) == 1, f"{tid}: one decision"
         [d] = decisions
-        assert (d.request_id, d.decision.value, d.approver, d.key_id) == (rid, "resume", "director", "demo-director")
+        assert (d.request_id, d.decision.value, d.approver, d.key_id) == (
+            rid,
+            "resume",
+            "director",
+            "demo-director",
+        )
         assert d.note == "the vendor's filter was fixed at 14:02"
         [sent] = [p for p in posted if p["decision_id"] == d.decision_id]
         assert sent["issued_at"] and (sent["amount"], sent["scope"]) == (None, None)
