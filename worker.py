@@ -7,6 +7,7 @@ like on the same task queue; the ledger's fencing epoch keeps them from acting t
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Sequence
@@ -29,15 +30,18 @@ from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from artifacts import ArtifactStore, open_store, store_for_uri
 from ledger.recorder import Recorder
+from reconcile.scans import Runs, ScanActivities
 from runtime import logs, telemetry
-from runtime.metrics import MetricsSettings, sdk_runtime, serve_metrics
+from runtime.metrics import MetricsSettings, known_routes, sdk_runtime, serve_metrics
 from runtime.settings import ConfigError, Settings, get_settings
 from runtime.signing import demo_public_keys
 from runtime.temporal_config import connect_options
 from vendors.registry import Adapters
 from vendors.routes import deployment_table
 from vendors.sandbox import runtime_non_dumpable
-from workflows.reconciliation import BillingReconciliationWorkflow
+from workflows.contracts import workflow_id
+from workflows.reconciliation import SCAN_WORKFLOWS, BillingReconciliationWorkflow
+from workflows.takeover import start_takeover
 from workflows.task import TaskWorkflow
 from workflows.visibility import ensure_search_attributes
 
@@ -110,12 +114,16 @@ async def build_worker(
     people = PeopleActivities(recorder, settings, client)
     vendor_url = settings.vendor_url_or_none()
     billing = BillingActivities(recorder, adapters.table, adapters.get, vendor_url=vendor_url)
+    queue = task_queue or settings.task_queue
+    beat = settings.heartbeat_timeout_seconds
+    take_over = functools.partial(start_takeover, task_queue=queue, heartbeat_timeout_seconds=beat)
+    scans = ScanActivities(recorder, client, table, Runs(workflow_id, take_over), task_queue=queue)
     executor = ThreadPoolExecutor(max_workers=64)
     stack.callback(executor.shutdown, wait=False)
     return Worker(
         client,
-        task_queue=task_queue or settings.task_queue,
-        workflows=[TaskWorkflow, BillingReconciliationWorkflow],
+        task_queue=queue,
+        workflows=[TaskWorkflow, BillingReconciliationWorkflow, *SCAN_WORKFLOWS],
         activities=[
             ledger.open_task,
             ledger.append,
@@ -133,6 +141,9 @@ async def build_worker(
             people.notify,
             people.arrivals,
             billing.reconcile,
+            scans.orphans,
+            scans.route_holds,
+            scans.consistency,
         ],
         activity_executor=executor,
         max_concurrent_activities=settings.max_concurrent_activities,
@@ -189,8 +200,10 @@ async def run_worker(settings: Settings | None = None) -> None:
             if metrics.metrics_port is not None:
                 # Served only while the worker runs: /healthz never says ready for a worker shutting down.
                 url = settings.resolved_database_url()
+                # Every route of the route file is exported (at 0 while idle), not only those with rows.
+                routes = known_routes(deployment_table(settings))
                 server = serving.enter_context(
-                    serve_metrics(metrics, url, client, loop, sdk=runtime is not None)
+                    serve_metrics(metrics, url, client, loop, sdk=runtime is not None, routes=routes)
                 )
                 log.info("metrics on %s/metrics, health on %s/healthz", server.url, server.url)
             log.info("worker on task queue %s", settings.task_queue)

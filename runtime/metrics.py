@@ -12,13 +12,23 @@ Off unless ``LEDGERFLOW_METRICS_PORT`` is set. Then the worker serves, on ``LEDG
   on the ledger both succeed within ~2 s; else 503 with a one-line JSON reason naming what failed.
 
 Business metrics are facts of the ledger, not of one process: they are computed when scraped, by the
-aggregate queries of ``ledger.reports`` in one read-only snapshot (so the numbers agree with each other), on
-a connection opened for the scrape and closed after it. Every worker exports the same numbers, so scrape any
-one; when several are scraped, aggregate with ``max by (…)`` first (the dashboard in
-``ops/grafana/ledgerflow.json`` does). A scrape returns rows per project, executor and kind, never per
+aggregate queries of ``ledger.reports`` in one read-only snapshot (so the numbers agree with each other),
+then the few queries below (``_more_facts``) in a second one, on a connection opened for the scrape and
+closed after it. Shared state is exported once: only a process with ``LEDGERFLOW_METRICS_LEDGER`` true (the
+default) serves them; on a deployment of several workers, set it false on all but one, the exporter, and
+scrape every worker — each serves its worker-local metrics (the SDK's) and
+``ledgerflow_metrics_ledger_exporter`` (1 on the exporter, else 0), so an alert can check that exactly one
+exports (docs/runbooks.md#one-exporter). A scrape returns rows per project, executor and kind, never per
 event, but its cost grows with the ledger; ``ledgerflow_ledger_scrape_seconds`` shows it, and a statement
 timeout caps it. A task's project, an operation's executor and the money's units are as ``ledger.reports``
 says.
+
+Every family is exported for its known label sets, at 0 where the ledger has nothing (not missing while
+idle): the route file's routes (``routes``, passed by the worker) and every route the ledger names; every
+project with a budget account or a task; every (project, executor) pair the ledger has an operation or a
+cost for; the fixed kinds (request kinds, failure kinds, verdicts, budget scope kinds). Only the two ratios
+are left out where they are undefined (no review yet, no second delivered). Unix-time gauges read 0 for
+"never".
 
 =======================================================  ==================================================
 metric                                                   derived from
@@ -56,7 +66,25 @@ metric                                                   derived from
                                                          operation knows, each once; ``…_ambiguous_charges``
                                                          (two operations claim it), ``…_credits``; by the
                                                          route whose billing account listed them
-``ledgerflow_billing_reconciled_at``                     when its last run was recorded (unix time)
+``ledgerflow_billing_unmatched_amount_total``            the money on those unknown and ambiguous lines,
+``{route,kind}``                                         by route and finding kind
+``ledgerflow_billing_reconciled_at``                     when its last run was recorded (unix time; 0: never)
+``ledgerflow_attempts_total{project,executor}``          INTENTs with an OperationKey: attempts started (the
+                                                         retry rate is technical failures over these)
+``ledgerflow_open_operation_oldest_seconds``              age of the oldest open operation (database clock)
+``{project,executor}``
+``ledgerflow_tasks_unfinished{project}``                 tasks with no Complete INTENT nor terminal
+                                                         Escalation
+``ledgerflow_task_no_progress_seconds{project}``         the longest time such a task, waiting on no person
+                                                         and with no operation open, has recorded nothing
+``ledgerflow_budget_accounts_over_ceiling{kind}``        budget accounts whose spent exceeds their ceiling,
+                                                         by scope kind (project, episode, task, route)
+``ledgerflow_budget_overrun{kind}``                      how far past their ceilings, summed
+``ledgerflow_route_fallback_qualified{route}``           per fallback route (of the route file): 1 if its
+                                                         qualification is younger than its
+                                                         ``qualification_max_age``, else 0
+``ledgerflow_metrics_ledger_exporter``                   1 if this process exports the families above
+                                                         (``LEDGERFLOW_METRICS_LEDGER``), else 0
 ``ledgerflow_ledger_up``                                 1 if the queries succeeded on this scrape, else 0
 ``ledgerflow_ledger_scrape_seconds``                     how long the queries took
 =======================================================  ==================================================
@@ -70,10 +98,12 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
@@ -96,7 +126,10 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from ledger import reconciliation, reports
 from ledger.errors import LedgerError
+from ledger.pgerrors import translated
 from rules.actions import RequestKind
+from rules.events import FailureKind, Verdict
+from rules.scopes import ScopeKind
 from runtime.settings import ConfigError
 
 log = logging.getLogger("ledgerflow.metrics")
@@ -114,6 +147,9 @@ class MetricsSettings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     # The SDK's own exporter, always on loopback (/metrics relays it). None: metrics_port + 1.
     metrics_sdk_port: int | None = Field(default=None, ge=1, le=65535)
+    # Whether this process exports the ledger's families (shared state: exactly one process should). A
+    # deployment of several workers sets it false on all but one (or runs one worker as the exporter).
+    metrics_ledger: bool = True
 
     def sdk_port(self) -> int | None:
         if self.metrics_port is None:
@@ -151,17 +187,126 @@ def ledger_engine(database_url: str) -> Engine:
 PASSING_VERDICTS: Final = frozenset({"Pass", "SoftWarning"})
 
 
-class LedgerCollector(Collector):
-    """The business metrics, read from the ledger at each scrape (see the module docstring)."""
+# The families ``ledger.reports`` has no query for yet, read by the same rules (a task's project is its
+# plan's, an operation's executor its INTENT's; the shared pieces are reports'), in a read-only snapshot of
+# their own taken right after reports' (so they may be a moment newer than it).
+_ATTEMPTS: Final = f"""
+WITH g AS (
+    SELECT task_id, operation_key, count(*) AS n
+    FROM events WHERE type = 'Intent' AND operation_key IS NOT NULL GROUP BY task_id, operation_key
+)
+{reports._BY_PROJECT_EXECUTOR}, sum(g.n)::bigint FROM g {reports._PROJECT} {reports._EXECUTOR}
+GROUP BY 1, 2"""
 
-    def __init__(self, engine: Engine) -> None:
+_OLDEST_OPEN: Final = f"""
+WITH g AS (
+    SELECT DISTINCT ON (i.operation_key) i.task_id, i.operation_key, i.recorded_at
+    FROM events i
+    WHERE i.type = 'Intent' AND i.operation_key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM events r WHERE r.dedup_key = i.operation_key || :result_suffix)
+    ORDER BY i.operation_key, i.seq
+)
+{reports._BY_PROJECT_EXECUTOR}, max(extract(epoch FROM now() - g.recorded_at))::float8
+FROM g {reports._PROJECT} {reports._EXECUTOR}
+GROUP BY 1, 2"""
+
+# A task is unfinished until a Complete INTENT or a terminal Escalation (as for the human queue). Its progress
+# is its newest event; it is expected to be quiet while it waits on a person (a row in ``human_queue``) or on
+# an operation in flight (an INTENT without its result: ``ledgerflow_open_operation_oldest_seconds`` watches
+# those), so only the others count for the no-progress age.
+_TASKS: Final = f"""
+WITH g AS (
+    SELECT e.task_id, max(e.recorded_at) AS last FROM events e
+    GROUP BY e.task_id
+    HAVING NOT bool_or((e.type = 'Intent' AND e.payload->'action'->>'kind' = 'Complete')
+                       OR (e.type = 'Escalation' AND e.payload->>'terminal' = 'true'))
+)
+SELECT c.payload->'plan'->>'project', count(*),
+       COALESCE(max(extract(epoch FROM now() - g.last)) FILTER (
+           WHERE NOT EXISTS (SELECT 1 FROM human_queue q WHERE q.task_id = g.task_id)
+             AND NOT EXISTS (
+                 SELECT 1 FROM events i
+                 WHERE i.task_id = g.task_id AND i.type = 'Intent' AND i.operation_key IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM events r
+                                   WHERE r.dedup_key = i.operation_key || :result_suffix))),
+           0)::float8
+FROM g {reports._PROJECT}
+GROUP BY 1"""
+
+_BUDGETS: Final = """
+SELECT split_part(scope, ':', 1), count(*) FILTER (WHERE spent > ceiling),
+       COALESCE(sum(spent - ceiling) FILTER (WHERE spent > ceiling), 0)
+FROM budget_accounts GROUP BY 1"""
+
+_UNMATCHED: Final = r"""
+SELECT COALESCE(route, ''), kind, COALESCE(sum(abs(amount::numeric)), 0)
+FROM billing_reconciliation
+WHERE kind IN ('unknown_charge', 'ambiguous_charge') AND amount ~ '^-?[0-9]+(\.[0-9]+)?$'
+GROUP BY 1, 2"""
+
+
+@dataclass(frozen=True, slots=True)
+class MoreFacts:
+    """What ``_more_facts`` reads: rows as the queries above return them."""
+
+    attempts: list[tuple[str, str, int]]  # (project, executor, INTENTs of operations)
+    oldest_open: list[tuple[str, str, float]]  # (project, executor, age of the oldest open operation)
+    tasks: list[tuple[str, int, float]]  # (project, unfinished tasks, the longest no-progress age)
+    budgets: list[tuple[str, int, Decimal]]  # (scope kind, accounts spent past their ceiling, by how much)
+    unmatched: list[tuple[str, str, Decimal]]  # (route, kind, money on unknown or ambiguous charge lines)
+
+
+def _more_facts(engine: Engine) -> MoreFacts:
+    with translated(), engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+
+        def rows(sql: str) -> list[Any]:
+            return [tuple(r) for r in conn.execute(text(sql), reports._NAMES)]
+
+        return MoreFacts(
+            attempts=rows(_ATTEMPTS),
+            oldest_open=rows(_OLDEST_OPEN),
+            tasks=rows(_TASKS),
+            budgets=rows(_BUDGETS),
+            unmatched=rows(_UNMATCHED),
+        )
+
+
+# The deployment's routes, as the composition root knows them from the route file: each route's name, and
+# for a route some other route lists as a fallback, its ``qualification_max_age`` in seconds (else None).
+Routes = Mapping[str, float | None]
+
+
+def known_routes(table: Any) -> dict[str, float | None]:
+    """``Routes`` from a ``vendors.routes.RouteTable`` (duck-typed: runtime imports nothing above it)."""
+    fallbacks = {fb for spec in table.routes.values() for fb in spec.fallbacks}
+    return {
+        name: (float(spec.qualification_max_age) if name in fallbacks else None)
+        for name, spec in table.routes.items()
+    }
+
+
+class LedgerCollector(Collector):
+    """The business metrics, read from the ledger at each scrape (see the module docstring).
+
+    Every family is exported for its known label sets, at 0 when the ledger has nothing for one: ``routes``
+    (the route file's) and every route the ledger names; every project with a budget account or a task;
+    every (project, executor) pair the ledger has an operation or cost for; the fixed kinds (request kinds,
+    failure kinds, verdicts, budget scope kinds). The two ratios are the exception: undefined (no review, no
+    delivered second), they are left out rather than shown as a false 0.
+    """
+
+    def __init__(self, engine: Engine, routes: Routes | None = None) -> None:
         self._engine = engine
+        self._known = dict(routes or {})
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         try:
-            families = list(self._families(reports.facts(self._engine)))
-            families += list(self._billing(reconciliation.counts(self._engine)))
+            facts = reports.facts(self._engine)
+            more = _more_facts(self._engine)
+            billing = reconciliation.counts(self._engine)
+            families = list(self._families(facts, more, billing))
             up = 1.0
         except LedgerError as e:
             log.warning("ledger metrics unavailable: %s", one_line(e))
@@ -174,40 +319,134 @@ class LedgerCollector(Collector):
             value=time.perf_counter() - started,
         )
 
-    def _families(self, facts: reports.Facts) -> Iterator[Metric]:
-        pe = ["project", "executor"]
-        spend = CounterMetricFamily("ledgerflow_spend", "Money spent, as the ledger records it.", labels=pe)
-        for project, executor, cost in facts.spend:
-            spend.add_metric([project, executor], float(cost))
-        yield spend
-
-        open_ops = GaugeMetricFamily(
-            "ledgerflow_open_operations", "Operations with an INTENT and no result yet.", labels=pe
+    def _families(
+        self, facts: reports.Facts, more: MoreFacts, billing: reconciliation.Counts
+    ) -> Iterator[Metric]:
+        projects = sorted(
+            {*facts.projects, *(r.project for r in facts.spend), *(p for p, _, _ in more.tasks)}
         )
-        reserved = GaugeMetricFamily("ledgerflow_reserved", "Money reserved by open operations.", labels=pe)
-        for project, executor, n, amount in facts.open_operations:
-            open_ops.add_metric([project, executor], float(n))
-            reserved.add_metric([project, executor], float(amount))
-        yield open_ops
-        yield reserved
+        pairs = sorted(
+            {(r.project, r.executor) for r in facts.spend}
+            | {(r.project, r.executor) for r in facts.open_operations}
+            | {(r.project, r.executor) for r in facts.failures}
+            | {(r.project, r.executor) for r in facts.anomalies}
+            | {(p, x) for p, x, _ in more.attempts}
+        )
+        yield from self._money(facts, more, pairs)
+        yield from self._operations(facts, more, pairs, projects)
+        yield from self._people(facts, projects)
+        yield from self._quality(facts, projects)
+        yield from self._routes(facts, billing)
+        yield from self._billing(billing, more)
 
+    @staticmethod
+    def _pair_family(
+        family: GaugeMetricFamily | CounterMetricFamily,
+        pairs: list[tuple[str, str]],
+        values: dict[tuple[str, str], float],
+    ) -> GaugeMetricFamily | CounterMetricFamily:
+        for pair in pairs:
+            family.add_metric(list(pair), values.get(pair, 0.0))
+        return family
+
+    def _money(self, facts: reports.Facts, more: MoreFacts, pairs: list[tuple[str, str]]) -> Iterator[Metric]:
+        pe = ["project", "executor"]
+        spend = {(r.project, r.executor): float(r.cost) for r in facts.spend}
+        yield self._pair_family(
+            CounterMetricFamily("ledgerflow_spend", "Money spent, as the ledger records it.", labels=pe),
+            pairs,
+            spend,
+        )
+        reserved = {(r.project, r.executor): float(r.reserved) for r in facts.open_operations}
+        yield self._pair_family(
+            GaugeMetricFamily("ledgerflow_reserved", "Money reserved by open operations.", labels=pe),
+            pairs,
+            reserved,
+        )
+        anomalies = {(r.project, r.executor): float(r.anomalies) for r in facts.anomalies}
+        yield self._pair_family(
+            CounterMetricFamily("ledgerflow_cost_anomalies", "cost_anomaly markers.", labels=pe),
+            pairs,
+            anomalies,
+        )
+        over = GaugeMetricFamily(
+            "ledgerflow_budget_accounts_over_ceiling",
+            "Budget accounts whose spent exceeds their ceiling, by scope kind.",
+            labels=["kind"],
+        )
+        overrun = GaugeMetricFamily(
+            "ledgerflow_budget_overrun",
+            "How far those accounts' spent exceeds their ceilings, summed, by scope kind.",
+            labels=["kind"],
+        )
+        by_kind = {kind: (n, amount) for kind, n, amount in more.budgets}
+        for kind in ScopeKind:
+            n, amount = by_kind.get(kind.value, (0, Decimal(0)))
+            over.add_metric([kind.value], float(n))
+            overrun.add_metric([kind.value], float(amount))
+        yield over
+        yield overrun
+
+    def _operations(
+        self, facts: reports.Facts, more: MoreFacts, pairs: list[tuple[str, str]], projects: list[str]
+    ) -> Iterator[Metric]:
+        pe = ["project", "executor"]
+        opened = {(r.project, r.executor): float(r.operations) for r in facts.open_operations}
+        yield self._pair_family(
+            GaugeMetricFamily(
+                "ledgerflow_open_operations", "Operations with an INTENT and no result yet.", labels=pe
+            ),
+            pairs,
+            opened,
+        )
+        oldest = {(p, x): float(age) for p, x, age in more.oldest_open}
+        yield self._pair_family(
+            GaugeMetricFamily(
+                "ledgerflow_open_operation_oldest_seconds",
+                "Age of the oldest open operation (database clock); 0 when none is open.",
+                labels=pe,
+            ),
+            pairs,
+            oldest,
+        )
+        attempts = {(p, x): float(n) for p, x, n in more.attempts}
+        yield self._pair_family(
+            CounterMetricFamily(
+                "ledgerflow_attempts", "Operations started: INTENTs with an OperationKey.", labels=pe
+            ),
+            pairs,
+            attempts,
+        )
         failures = CounterMetricFamily(
             "ledgerflow_failures", "Failed attempts by failure kind.", labels=[*pe, "kind"]
         )
-        for project, executor, kind, n in facts.failures:
-            failures.add_metric([project, executor, kind], float(n))
+        failed = {(r.project, r.executor, r.kind): float(r.failures) for r in facts.failures}
+        kinds = sorted({*(k.value for k in FailureKind), *(r.kind for r in facts.failures)})
+        for project, executor in pairs:
+            for kind in kinds:
+                failures.add_metric([project, executor, kind], failed.get((project, executor, kind), 0.0))
         yield failures
 
-        anomalies = CounterMetricFamily("ledgerflow_cost_anomalies", "cost_anomaly markers.", labels=pe)
-        for project, executor, n in facts.anomalies:
-            anomalies.add_metric([project, executor], float(n))
-        yield anomalies
+        tasks = {p: (n, age) for p, n, age in more.tasks}
+        unfinished = GaugeMetricFamily(
+            "ledgerflow_tasks_unfinished",
+            "Tasks without a Complete INTENT or a terminal Escalation.",
+            labels=["project"],
+        )
+        idle = GaugeMetricFamily(
+            "ledgerflow_task_no_progress_seconds",
+            "The longest time an unfinished task not waiting on a person has recorded nothing (database "
+            "clock); 0 when there is none.",
+            labels=["project"],
+        )
+        for project in projects:
+            n, age = tasks.get(project, (0, 0.0))
+            unfinished.add_metric([project], float(n))
+            idle.add_metric([project], float(age))
+        yield unfinished
+        yield idle
 
-        yield from self._people(facts)
-        yield from self._quality(facts)
-        yield from self._routes(facts)
-
-    def _billing(self, counts: reconciliation.Counts) -> Iterator[Metric]:
+    def _billing(self, counts: reconciliation.Counts, more: MoreFacts) -> Iterator[Metric]:
         """The scheduled billing reconciliation's record (ledger.reconciliation): lines it could not match
         and credits, each counted once however many runs saw it, and when it last ran."""
         families = {
@@ -225,19 +464,32 @@ class LedgerCollector(Collector):
                 "ledgerflow_billing_credits", "Credits and refunds the vendors listed.", labels=["route"]
             ),
         }
-        for kind, route, n in counts.by_kind:
-            if kind in families:
-                families[kind].add_metric([route], float(n))
+        found = {(kind, route): float(n) for kind, route, n in counts.by_kind}
+        unmatched = {(route, kind): float(amount) for route, kind, amount in more.unmatched}
+        routes = sorted({*self._known, *(r for _, r, _ in counts.by_kind), *(r for r, _ in unmatched)})
+        for kind, family in families.items():
+            for route in routes:
+                family.add_metric([route], found.get((kind, route), 0.0))
         yield from families.values()
-        if counts.last_run is not None:
-            yield GaugeMetricFamily(
-                "ledgerflow_billing_reconciled_at",
-                "When the billing reconciliation last ran (unix time).",
-                value=counts.last_run.timestamp(),
-            )
+        money = CounterMetricFamily(
+            "ledgerflow_billing_unmatched_amount",
+            "Money on vendor charge lines the ledger cannot match to exactly one operation, by the route "
+            "whose account listed them and the finding's kind (unknown_charge, ambiguous_charge).",
+            labels=["route", "kind"],
+        )
+        for route in routes:
+            for kind in ("ambiguous_charge", "unknown_charge"):
+                money.add_metric([route, kind], unmatched.get((route, kind), 0.0))
+        yield money
+        yield GaugeMetricFamily(
+            "ledgerflow_billing_reconciled_at",
+            "When the billing reconciliation last ran (unix time); 0: never.",
+            value=counts.last_run.timestamp() if counts.last_run is not None else 0.0,
+        )
 
-    def _routes(self, facts: reports.Facts) -> Iterator[Metric]:
-        """Each route's shared breaker (rules.routing): 1 on its current state's series, 0 on the others."""
+    def _routes(self, facts: reports.Facts, counts: reconciliation.Counts) -> Iterator[Metric]:
+        """Each route's shared breaker (rules.routing): 1 on its current state's series, 0 on the others.
+        A route of the route file with no row yet has never failed a call: closed."""
         breaker = GaugeMetricFamily(
             "ledgerflow_route_breaker",
             "A route's circuit breaker: 1 for its current state.",
@@ -245,58 +497,81 @@ class LedgerCollector(Collector):
         )
         qualified = GaugeMetricFamily(
             "ledgerflow_route_qualified_at",
-            "When a fallback route last passed its regression set (unix time).",
+            "When a fallback route last passed its regression set (unix time); 0: never.",
             labels=["route"],
         )
-        for route, state, at in facts.route_breakers:
+        usable = GaugeMetricFamily(
+            "ledgerflow_route_fallback_qualified",
+            "1 if a fallback route's qualification is younger than its qualification_max_age, else 0.",
+            labels=["route"],
+        )
+        rows = {r.route: (r.state, r.qualified_at) for r in facts.route_breakers}
+        now = time.time()
+        for route in sorted({*self._known, *rows}):
+            state, at = rows.get(route, ("closed", None))
             for s in ("closed", "open", "half_open"):
                 breaker.add_metric([route, s], 1.0 if s == state else 0.0)
-            if at is not None:
-                qualified.add_metric([route], float(at.timestamp()))
+            stamp = at.timestamp() if at is not None else 0.0
+            qualified.add_metric([route], stamp)
+            max_age = self._known.get(route)
+            if max_age is not None:
+                usable.add_metric([route], 1.0 if at is not None and now - stamp <= max_age else 0.0)
         yield breaker
         yield qualified
+        yield usable
 
-    def _people(self, facts: reports.Facts) -> Iterator[Metric]:
+    def _people(self, facts: reports.Facts, projects: list[str]) -> Iterator[Metric]:
         pk = ["project", "kind"]
-        depth: dict[tuple[str, str], int] = {
-            (p, k.value): 0 for p in facts.projects for k in RequestKind
-        }  # a queue that empties shows 0, not a gap
-        oldest = GaugeMetricFamily(
-            "ledgerflow_human_oldest_wait_seconds", "Age of the oldest open request to a person.", labels=pk
-        )
+        kinds = [k.value for k in RequestKind]
+        # A queue that empties shows 0, not a gap.
+        depth: dict[tuple[str, str], float] = {(p, k): 0.0 for p in projects for k in kinds}
+        oldest_of: dict[tuple[str, str], float] = dict.fromkeys(depth, 0.0)
         for project, kind, n, age in facts.open_requests:
-            depth[(project, kind)] = n
-            oldest.add_metric([project, kind], float(age))
+            depth[(project, kind)] = float(n)
+            oldest_of[(project, kind)] = float(age)
         queue = GaugeMetricFamily("ledgerflow_human_queue_depth", "Open requests to people.", labels=pk)
+        oldest = GaugeMetricFamily(
+            "ledgerflow_human_oldest_wait_seconds",
+            "Age of the oldest open request to a person; 0 when none is open.",
+            labels=pk,
+        )
         dead = GaugeMetricFamily(
             "ledgerflow_dead_letters_open", "Open dead-letter requests.", labels=["project"]
         )
-        for (project, kind), n in sorted(depth.items()):
-            queue.add_metric([project, kind], float(n))
+        for (project, kind), depth_n in sorted(depth.items()):
+            queue.add_metric([project, kind], depth_n)
+            oldest.add_metric([project, kind], oldest_of[(project, kind)])
             if kind == RequestKind.DEAD_LETTER:
-                dead.add_metric([project], float(n))
+                dead.add_metric([project], depth_n)
         yield queue
         yield dead
         yield oldest
         waits = SummaryMetricFamily(
             "ledgerflow_human_wait_seconds", "How long decided requests waited for a person.", labels=pk
         )
-        for project, kind, n, seconds in facts.decided_waits:
-            waits.add_metric([project, kind], count_value=int(n), sum_value=float(seconds))
+        decided = {(p, k): (int(n), float(s)) for p, k, n, s in facts.decided_waits}
+        for key in sorted({*depth, *decided}):
+            n, seconds = decided.get(key, (0, 0.0))
+            waits.add_metric(list(key), count_value=n, sum_value=seconds)
         yield waits
 
-    def _quality(self, facts: reports.Facts) -> Iterator[Metric]:
+    def _quality(self, facts: reports.Facts, projects: list[str]) -> Iterator[Metric]:
         first = CounterMetricFamily(
             "ledgerflow_first_reviews",
             "Tasks by the verdict of their first review.",
             labels=["project", "verdict"],
         )
+        reviewed = {(p, v): n for p, v, n in facts.first_reviews}
+        verdicts = sorted({*(v.value for v in Verdict), *(v for _, v, _ in facts.first_reviews)})
         passed: dict[str, list[int]] = {}
-        for project, verdict, n in facts.first_reviews:
-            first.add_metric([project, verdict], float(n))
-            counts = passed.setdefault(project, [0, 0])
-            counts[0] += n if verdict in PASSING_VERDICTS else 0
-            counts[1] += n
+        for project in sorted({*projects, *(p for p, _ in reviewed)}):
+            for verdict in verdicts:
+                n = reviewed.get((project, verdict), 0)
+                first.add_metric([project, verdict], float(n))
+                if n:
+                    counts = passed.setdefault(project, [0, 0])
+                    counts[0] += n if verdict in PASSING_VERDICTS else 0
+                    counts[1] += n
         yield first
         ratio = GaugeMetricFamily(
             "ledgerflow_review_first_pass_ratio",
@@ -316,11 +591,28 @@ class LedgerCollector(Collector):
             "Completed tasks' whole spend per second of output they delivered.",
             labels=["project"],
         )
-        for project, duration, spent in facts.usable_output:
+        delivered = {project: (duration, spent) for project, duration, spent in facts.usable_output}
+        for project in sorted({*projects, *delivered}):
+            duration, spent = delivered.get(project, (0.0, Decimal(0)))
             seconds.add_metric([project], float(duration))
-            per_second.add_metric([project], float(spent) / duration)
+            if duration:
+                per_second.add_metric([project], float(spent) / duration)
         yield seconds
         yield per_second
+
+
+class LocalCollector(Collector):
+    """What is this process's own: whether it exports the ledger's families (exactly one process should)."""
+
+    def __init__(self, exports_ledger: bool) -> None:
+        self._exports = exports_ledger
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "ledgerflow_metrics_ledger_exporter",
+            "1 if this process exports the ledger's metrics (LEDGERFLOW_METRICS_LEDGER), else 0.",
+            value=1.0 if self._exports else 0.0,
+        )
 
 
 # ── health ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -431,18 +723,23 @@ def serve_metrics(
     loop: asyncio.AbstractEventLoop,
     *,
     sdk: bool,
+    routes: Routes | None = None,
 ) -> Iterator[MetricsServer]:
     """Serve /metrics and /healthz on ``settings.metrics_port`` until the block exits.
 
     ``sdk``: ``client`` was connected with ``sdk_runtime(settings)``'s runtime, whose metrics /metrics then
-    relays (without it, /metrics carries the ledger's metrics only). ConfigError (one line) if the port is
-    taken.
+    relays (without it, /metrics carries the ledger's metrics only). ``routes``: the route file's routes
+    (``known_routes(table)``), exported at 0 before the ledger names them. The ledger's families are
+    served only when ``settings.metrics_ledger`` (one exporter per deployment);
+    ``ledgerflow_metrics_ledger_exporter`` always says which. ConfigError (one line) if the port is taken.
     """
     if settings.metrics_port is None:
         raise ValueError("serve_metrics needs LEDGERFLOW_METRICS_PORT")
     engine = ledger_engine(database_url)
     registry = CollectorRegistry(auto_describe=False)  # no query when registering: only when scraped
-    registry.register(LedgerCollector(engine))
+    registry.register(LocalCollector(settings.metrics_ledger))
+    if settings.metrics_ledger:
+        registry.register(LedgerCollector(engine, routes))
     sdk_url = f"http://127.0.0.1:{settings.sdk_port()}/metrics" if sdk else None
     address = (settings.metrics_host, settings.metrics_port)
     try:

@@ -299,7 +299,9 @@ def up(
         if alive(pids.get(name)):
             log(f"{name:<9} pid {pids[name]}, already running: {health.get(name, '(no health URL)')}")
         else:
-            pids[name], health[name] = start_worker_with_health(env, logs / f"{name}.log")
+            # The ledger's shared metrics come from one process: the first worker (runtime/metrics.py).
+            exporter = {"LEDGERFLOW_METRICS_LEDGER": "true" if name == "worker" else "false"}
+            pids[name], health[name] = start_worker_with_health({**env, **exporter}, logs / f"{name}.log")
             started.append(name)
     stack["health_urls"] = health
     if not (alive(pids.get("review")) and review_url):
@@ -313,15 +315,13 @@ def up(
     for name in started:  # they start in parallel; each is checked in turn
         wait_healthy(name, health[name], pids[name], logs / f"{name}.log")
         log(f"{name:<9} pid {pids[name]}, healthy: {health[name]}")
-    # The scheduled billing reconciliation, run by the stack's workers (docs/operations.md).
-    from datetime import timedelta
+    # The scheduled scans (orphans, route holds, consistency) and the billing reconciliation, run by the
+    # stack's workers (ledgerflow/views/schedules.py, docs/operations.md).
+    from ledgerflow.views.schedules import ensure_schedules_sync
 
-    from ledgerflow.views.billing import ensure_schedule
-    from reconcile.billing import ReconcileSettings
-
-    every = timedelta(seconds=ReconcileSettings().every_seconds)
     here = settings.model_copy(update={"temporal_address": temporal_address})
-    log(f"{'schedule':<9} " + ensure_schedule(here, every=every).removeprefix("schedule "))
+    for line in ensure_schedules_sync(here):
+        log(f"{'schedule':<9} " + line.removeprefix("schedule "))
     return stack
 
 

@@ -8,8 +8,9 @@ the serving route's billing listing where that route can list charges.
 
 Also the scheduled billing reconciliation's client side (``reconcile.billing`` does the matching):
 ``ledgerflow billing reconcile`` runs one reconciliation here and prints what it found
-(``reconcile_once``); ``ledgerflow billing schedule`` and ``ledgerflow up`` create or update the Temporal
-Schedule that runs it every few minutes on a task queue's workers (``schedule_reconciliation``).
+(``reconcile_once``); ``ledgerflow billing schedule``, ``ledgerflow schedules apply`` and ``ledgerflow up``
+create or update the Temporal Schedule that runs it every few minutes on a task queue's workers
+(``schedule_reconciliation``; the other scans' Schedules: ``ledgerflow.views.schedules``).
 """
 
 from __future__ import annotations
@@ -212,17 +213,15 @@ async def schedule_reconciliation(
     from temporalio.client import (
         Schedule,
         ScheduleActionStartWorkflow,
-        ScheduleAlreadyRunningError,
         ScheduleIntervalSpec,
         ScheduleOverlapPolicy,
         SchedulePolicy,
         ScheduleSpec,
         ScheduleState,
-        ScheduleUpdate,
-        ScheduleUpdateInput,
     )
 
     from activities.billing import DEFAULT_GRACE_S, DEFAULT_WINDOW_S, ReconcileInput
+    from ledgerflow.views.schedules import upsert_schedule
     from workflows.reconciliation import BillingReconciliationWorkflow
 
     sid = schedule or schedule_id(settings.task_queue)
@@ -248,16 +247,7 @@ async def schedule_reconciliation(
         ),
     )
     seconds = f"{every.total_seconds():g} s"
-    try:
-        await client.create_schedule(sid, spec)
-        done = "created"
-    except ScheduleAlreadyRunningError:
-
-        def replace(_: ScheduleUpdateInput) -> ScheduleUpdate:
-            return ScheduleUpdate(schedule=spec)
-
-        await client.get_schedule_handle(sid).update(replace)
-        done = "updated"
+    done = await upsert_schedule(client, sid, spec)  # the same create-or-update as every scan's
     return f"schedule {sid}: {done}, every {seconds} on task queue {settings.task_queue}"
 
 

@@ -1,21 +1,31 @@
-"""Helpers of the metrics tests: free ports, scrapes parsed into samples, a worker as a subprocess."""
+"""Helpers of the metrics and alert tests: scrapes parsed into samples, a worker as a subprocess, an exporter
+on a database of the test's own, and scrapes replayed as promtool input series."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
+import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
+from temporalio.client import Client
+
+from ledger.recorder import Recorder
+from ledgerflow.stack.pg import free_port
+from runtime.metrics import MetricsServer, MetricsSettings, Routes, serve_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 Labels = tuple[tuple[str, str], ...]
@@ -103,3 +113,70 @@ async def worker_process(env: dict[str, str], log: Path, base: str) -> AsyncIter
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def fresh_ledger(pg_url: str) -> Iterator[str]:
+    """A database of the test's own on the session's server, with the ledger's schema and nothing in it
+    (the session's ledger holds every other test's tasks): its URL, dropped afterwards."""
+    name = f"lf_metrics_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    url = sa.make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        rec = Recorder(url, pool_size=1)
+        try:
+            rec.create_schema()
+        finally:
+            rec.dispose()
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextmanager
+def exporter(
+    database_url: str, client: Client, *, routes: Routes | None = None, ledger: bool = True
+) -> Iterator[MetricsServer]:
+    """``serve_metrics`` on a free port (no SDK relay), as the worker serves it."""
+    settings = MetricsSettings(metrics_port=free_port(), metrics_ledger=ledger)
+    loop = asyncio.get_running_loop()
+    with serve_metrics(settings, database_url, client, loop, sdk=False, routes=routes) as server:
+        yield server
+
+
+def promtool() -> str:
+    """promtool's path. Missing, the test fails (never skips): ``make test`` installs Debian's prometheus."""
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing: `apt-get install -y prometheus` (make test installs it)")
+    return path
+
+
+def series_text(name: str, labels: Labels) -> str:
+    """A sample's name and labels as promtool's ``input_series`` writes them."""
+    if not labels:
+        return name
+
+    def quoted(v: str) -> str:
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    escaped = ",".join(f"{k}={quoted(v)}" for k, v in labels)
+    return f"{name}{{{escaped}}}"
+
+
+def input_series(*phases: tuple[Scrape, int]) -> list[dict[str, str]]:
+    """promtool ``input_series`` replaying real scrapes: each phase's scrape held for its number of steps, in
+    order; a series a phase's scrape did not expose is missing (``_``) for those steps."""
+    keys = sorted({key for scrape, _ in phases for key in scrape.samples})
+    out = []
+    for name, labels in keys:
+        values = []
+        for scrape, steps in phases:
+            value = scrape.samples.get((name, labels))
+            values.append(f"_x{steps}" if value is None else f"{value!r}x{steps}")
+        out.append({"series": series_text(name, labels), "values": " ".join(values)})
+    return out

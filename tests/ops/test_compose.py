@@ -543,7 +543,7 @@ def test_prometheus_scrapes_the_workers_and_temporal_and_loads_the_alert_rules(
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
     [workers] = jobs["ledgerflow-worker"]["dns_sd_configs"]
     # every replica of the worker service, on the port its metrics server listens on
-    assert workers["names"] == ["worker"] and workers["type"] == "A"
+    assert workers["names"] == ["worker", "worker-exporter"] and workers["type"] == "A"
     assert str(workers["port"]) == svc["worker"]["environment"]["LEDGERFLOW_METRICS_PORT"]
     temporal_metrics = svc["temporal"]["environment"]["PROMETHEUS_ENDPOINT"].rpartition(":")[2]
     assert jobs["temporal"]["static_configs"] == [{"targets": [f"temporal:{temporal_metrics}"]}]
@@ -593,7 +593,7 @@ def test_workers_send_their_traces_to_the_collector_which_receives_otlp_over_htt
     collector = svc["otel-collector"]
     config = yaml.safe_load(_config_file(compose, collector, "/etc/otelcol/config.yaml").read_text())
     http = config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rpartition(":")[2]
-    for name in ("worker", "review", "cli"):
+    for name in ("worker", "worker-exporter", "review", "cli"):
         assert svc[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://otel-collector:{http}", (
             name
         )
@@ -618,3 +618,16 @@ def test_the_reviewer_page_is_served_over_tls_with_the_private_cas_certificate_a
     assert env["PGPASSWORD"] == migrate["environment"]["LEDGERFLOW_DB_READER_PASSWORD"]
     assert env["LEDGERFLOW_REVIEW_TOKENS"] == SECRETS["LEDGERFLOW_REVIEW_TOKENS"]
     assert "https://localhost:8443/login" in str(review["healthcheck"]["test"])
+
+
+def test_the_ledgers_shared_metrics_come_from_one_exporting_worker(compose: dict[str, Any]) -> None:
+    svc = services(compose)
+    exporting = {
+        n: s["deploy"]["replicas"]
+        for n, s in svc.items()
+        if s.get("environment", {}).get("LEDGERFLOW_METRICS_LEDGER") == "true"
+    }
+    assert exporting == {"worker-exporter": 1}, exporting
+    assert svc["worker"]["environment"]["LEDGERFLOW_METRICS_LEDGER"] == "false"
+    same = ("command", "depends_on", "healthcheck", "image", "volumes", "stop_grace_period")
+    assert {k: svc["worker-exporter"][k] for k in same} == {k: svc["worker"][k] for k in same}

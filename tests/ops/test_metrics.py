@@ -22,17 +22,20 @@ from typing import Any
 
 import httpx
 import pytest
-from metricskit import scrape
+from metricskit import exporter, fresh_ledger, scrape
 from temporalio.client import Client
 
 from ledger.recorder import Recorder
 from ledgerflow.stack.pg import free_port
 from ledgerflow.views import people
-from rules.events import parse
+from rules.actions import RequestKind
+from rules.events import FailureKind, parse
 from rules.projection import fold
-from runtime.metrics import MetricsServer, MetricsSettings, sdk_runtime, serve_metrics
+from rules.scopes import ScopeKind
+from runtime.metrics import MetricsServer, MetricsSettings, known_routes, sdk_runtime, serve_metrics
 from runtime.settings import ConfigError
 from runtime.signing import demo_key
+from vendors.routes import RouteTable, deployment_table
 
 DONE = """
 goal: a two-shot clip, delivered
@@ -67,6 +70,13 @@ budget_ceiling: 10
 rework_limit: 0
 stages:
   - {{id: card, executor: graphics.render, estimate: 0.2}}
+"""
+PLAIN = """
+goal: one paragraph
+project: {project}
+budget_ceiling: 1
+stages:
+  - {{id: text, executor: llm.text, estimate: 0.1}}
 """
 IN_FLIGHT = """
 goal: subtitles that take a while
@@ -119,6 +129,11 @@ async def wait_for(what: str, check: Any, timeout: float = 20.0) -> Any:
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
     return found
+
+
+def nonzero(series: dict[Any, float]) -> dict[Any, float]:
+    """The samples of a series that are not 0 (every known label set is exported, at 0 when empty)."""
+    return {k: v for k, v in series.items() if v}
 
 
 def open_request(recorder: Recorder, task_id: str, request_id: str) -> bool:
@@ -174,7 +189,14 @@ async def test_metrics_are_the_ledgers_numbers_for_a_project(lf, sim):
     tasks = list(ids.values())
     expected = spend_by_executor(lf.recorder, tasks)
     spend = m.series("ledgerflow_spend_total", project=project)
-    assert spend == {(("executor", k),): float(v) for k, v in expected.items()}
+    assert spend == {(("executor", k),): float(v) for k, v in expected.items()} | {
+        (("executor", "subtitle.render"),): 0.0
+    }
+    assert spend[(("executor", "subtitle.render"),)] == 0  # in flight: nothing settled yet, shown as 0
+    # Every (project, executor) family has the same label sets: a pair the ledger knows is never a gap.
+    pairs = set(spend)
+    for family in ("ledgerflow_reserved", "ledgerflow_open_operations", "ledgerflow_cost_anomalies_total"):
+        assert set(m.series(family, project=project)) == pairs, family
     assert spend[(("executor", "image.keyframe"),)] == 1.5
     account = lf.recorder.account(f"project:{project}")
     assert account is not None
@@ -182,16 +204,20 @@ async def test_metrics_are_the_ledgers_numbers_for_a_project(lf, sim):
     assert sum(spend.values()) == pytest.approx(float(account.spent))
 
     # Anomalies and failures: the one charge above its estimate; both attempts of the mix.
-    assert m.series("ledgerflow_cost_anomalies_total", project=project) == {
+    assert nonzero(m.series("ledgerflow_cost_anomalies_total", project=project)) == {
         (("executor", "image.keyframe"),): 1
     }
-    assert m.series("ledgerflow_failures_total", project=project) == {
-        (("executor", "audio.mix"), ("kind", "technical")): 2
-    }
+    failures = m.series("ledgerflow_failures_total", project=project)
+    assert nonzero(failures) == {(("executor", "audio.mix"), ("kind", "technical")): 2}
+    assert len(failures) == len(pairs) * len(FailureKind)  # every kind of every pair, 0 where none
 
     # In flight: the slow subtitles, holding their estimate; what the project's account holds reserved.
-    assert m.series("ledgerflow_open_operations", project=project) == {(("executor", "subtitle.render"),): 1}
-    assert m.series("ledgerflow_reserved", project=project) == {(("executor", "subtitle.render"),): 0.3}
+    assert nonzero(m.series("ledgerflow_open_operations", project=project)) == {
+        (("executor", "subtitle.render"),): 1
+    }
+    assert nonzero(m.series("ledgerflow_reserved", project=project)) == {
+        (("executor", "subtitle.render"),): 0.3
+    }
     assert account.reserved == Decimal("0.3")
 
     # People: board2 still open (board1 decided), the dead letter, the rework-limit escalation.
@@ -213,13 +239,15 @@ async def test_metrics_are_the_ledgers_numbers_for_a_project(lf, sim):
     assert oldest <= (after - asked["approval:board2:v1"]).total_seconds() + slack
     decided = next(e for e in lf.recorder.read_events(ids["approvals"]) if e.type == "HumanDecision")
     waited = (decided.recorded_at - asked["approval:board1:v1"]).total_seconds()
-    assert m.series("ledgerflow_human_wait_seconds_count", project=project) == {(("kind", "approval"),): 1}
+    assert nonzero(m.series("ledgerflow_human_wait_seconds_count", project=project)) == {
+        (("kind", "approval"),): 1
+    }
     assert m.value("ledgerflow_human_wait_seconds_sum", project=project, kind="approval") == pytest.approx(
         waited, abs=1e-6
     )
 
     # Reviews: the delivered clip passed first time; the title card's first review asked for rework.
-    assert m.series("ledgerflow_first_reviews_total", project=project) == {
+    assert nonzero(m.series("ledgerflow_first_reviews_total", project=project)) == {
         (("verdict", "Pass"),): 1,
         (("verdict", "QualityRework"),): 1,
     }
@@ -287,3 +315,112 @@ async def test_a_taken_port_is_a_one_line_config_error(temporal, pg_url):
             serve_metrics(settings, pg_url, temporal, asyncio.get_running_loop(), sdk=False),
         ):
             pass
+
+
+def with_fallback(table: RouteTable) -> RouteTable:
+    """``table`` with a fallback for video.motion (``video.motion.backup``, qualified for an hour)."""
+    routes = {name: spec.model_dump() for name, spec in table.routes.items()}
+    routes["video.motion"]["fallbacks"] = ["video.motion.backup"]
+    routes["video.motion.backup"] = routes["video.motion"] | {
+        "fallbacks": [],
+        "regression": "motion.yaml",
+        "qualification_max_age": 3600.0,
+    }
+    return RouteTable.model_validate(table.model_dump() | {"routes": routes})
+
+
+# The families a ledger with nothing in flight, no request, no failure and no billing finding still exports,
+# each of its samples at 0 (beside them: spend, attempts, output seconds, the first review, the timestamps).
+IDLE_ZERO = (
+    "ledgerflow_reserved",
+    "ledgerflow_open_operations",
+    "ledgerflow_open_operation_oldest_seconds",
+    "ledgerflow_failures_total",
+    "ledgerflow_cost_anomalies_total",
+    "ledgerflow_tasks_unfinished",
+    "ledgerflow_task_no_progress_seconds",
+    "ledgerflow_human_queue_depth",
+    "ledgerflow_dead_letters_open",
+    "ledgerflow_human_oldest_wait_seconds",
+    "ledgerflow_human_wait_seconds_count",
+    "ledgerflow_human_wait_seconds_sum",
+    "ledgerflow_budget_accounts_over_ceiling",
+    "ledgerflow_budget_overrun",
+    "ledgerflow_billing_unknown_charges_total",
+    "ledgerflow_billing_ambiguous_charges_total",
+    "ledgerflow_billing_credits_total",
+    "ledgerflow_billing_unmatched_amount_total",
+    "ledgerflow_billing_reconciled_at",
+    "ledgerflow_route_qualified_at",
+    "ledgerflow_route_fallback_qualified",
+)
+
+
+async def test_an_idle_ledger_exports_every_family_at_zero_for_its_known_label_sets(lf_on, pg_url, sim):
+    """A fresh ledger, then the same ledger after one task completed: every family has a sample for each
+    known label set (the route file's routes, the project that has a task, the fixed kinds), at 0 where the
+    ledger has nothing, instead of no sample at all."""
+    project = f"z{uuid.uuid4().hex[:10]}"
+    with fresh_ledger(pg_url) as url:
+        async with lf_on(url) as lf:
+            table = with_fallback(deployment_table(lf.settings))
+            routes = known_routes(table)
+            with exporter(url, lf.client, routes=routes) as server:
+                empty = await scrape(server.url)
+                plan = lf.plan(PLAIN.format(project=project))
+                assert (await lf.run(plan)).state == "Completed"
+                idle = await scrape(server.url)
+
+    # Empty: no project yet, so what is keyed by route or by a fixed kind is there, at 0 (a breaker: closed).
+    assert empty.value("ledgerflow_ledger_up") == 1
+    for route in table.routes:
+        assert empty.series("ledgerflow_route_breaker", route=route) == {
+            (("state", "closed"),): 1,
+            (("state", "open"),): 0,
+            (("state", "half_open"),): 0,
+        }
+        assert empty.value("ledgerflow_route_qualified_at", route=route) == 0
+        for family in ("unknown_charges", "ambiguous_charges", "credits"):
+            assert empty.value(f"ledgerflow_billing_{family}_total", route=route) == 0
+    assert empty.series("ledgerflow_route_fallback_qualified") == {(("route", "video.motion.backup"),): 0}
+    assert empty.series("ledgerflow_budget_accounts_over_ceiling") == {
+        (("kind", k.value),): 0 for k in ScopeKind
+    }
+    assert empty.value("ledgerflow_billing_reconciled_at") == 0
+
+    # Idle, after one task: the project's families too, each of their samples at 0.
+    assert idle.value("ledgerflow_human_queue_depth", project=project, kind="dead_letter") == 0
+    assert idle.value("ledgerflow_dead_letters_open", project=project) == 0
+    opened = idle.series("ledgerflow_open_operations", project=project)
+    assert (("executor", "llm.text"),) in opened and set(opened.values()) == {0}  # compose, review too
+    assert idle.value("ledgerflow_task_no_progress_seconds", project=project) == 0
+    assert idle.value("ledgerflow_tasks_unfinished", project=project) == 0
+    assert idle.value("ledgerflow_spend_total", project=project, executor="llm.text") > 0
+    assert idle.value("ledgerflow_attempts_total", project=project, executor="llm.text") == 1
+    for family in IDLE_ZERO:
+        values = list(idle.series(family).values())
+        assert values, f"{family} has no sample"
+        assert set(values) == {0}, family
+    assert len(idle.series("ledgerflow_human_oldest_wait_seconds", project=project)) == len(RequestKind)
+    assert len(idle.series("ledgerflow_failures_total", project=project)) == len(opened) * len(FailureKind)
+    # A ratio with nothing to divide is left out, not a false 0 (no review ran, no second was delivered).
+    assert not idle.series("ledgerflow_cost_per_usable_second", project=project)
+
+
+async def test_only_the_exporter_serves_the_ledgers_families(temporal, pg_url):
+    with exporter(pg_url, temporal, ledger=False) as server:
+        local = await scrape(server.url)
+    with exporter(pg_url, temporal) as server:
+        leader = await scrape(server.url)
+    assert local.value("ledgerflow_metrics_ledger_exporter") == 0
+    assert {n for n in local.names if n.startswith("ledgerflow_")} == {"ledgerflow_metrics_ledger_exporter"}
+    assert leader.value("ledgerflow_metrics_ledger_exporter") == 1
+    assert leader.value("ledgerflow_ledger_up") == 1
+    assert "ledgerflow_spend_total" in leader.names
+
+
+def test_the_ledger_exporter_is_on_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("LEDGERFLOW_METRICS_LEDGER", raising=False)
+    assert MetricsSettings().metrics_ledger
+    monkeypatch.setenv("LEDGERFLOW_METRICS_LEDGER", "false")
+    assert not MetricsSettings().metrics_ledger

@@ -28,6 +28,8 @@ from activities.billing import ReconcileInput
 from ledger import reconciliation as store
 from ledgerflow.stack.pg import free_port
 from ledgerflow.views.billing import reconcile_once, schedule_id, schedule_reconciliation
+from ledgerflow.views.schedules import SCANS
+from ledgerflow.views.schedules import schedule_id as scans_schedule_id
 from reconcile.billing import accounts
 from rules.events import parse
 from runtime.metrics import MetricsSettings, serve_metrics
@@ -171,8 +173,12 @@ async def test_ledgerflow_up_creates_the_schedule_on_the_embedded_stack(lf, sim,
         assert isinstance(desc.schedule.action, ScheduleActionStartWorkflow)
         assert desc.schedule.action.task_queue == queue
         assert desc.schedule.spec.intervals[0].every == timedelta(minutes=5)  # the default period
+        # and the scans' schedules beside it (ledgerflow.views.schedules)
+        for scan in SCANS:
+            assert (await lf.client.get_schedule_handle(scans_schedule_id(scan, queue)).describe()).id
     finally:
-        await handle.delete()
+        for scan in SCANS:  # the billing one is ``handle``'s: each deleted once
+            await lf.client.get_schedule_handle(scans_schedule_id(scan, queue)).delete()
         await cli(lf, tmp_path, "down", env=env)
 
 
