@@ -89,6 +89,14 @@ class LocalStore(StagedStore):
         final = self.root / content_path(sha256)
         return final.as_uri() if final.is_file() else None
 
+    def delete(self, uri: str) -> bool:
+        """Delete the file at ``uri`` (retention); False if there was none."""
+        try:
+            path_of(uri).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     def open_read(self, uri: str) -> Iterator[bytes]:
         """The file's bytes, in chunks of at most 1 MiB.
 

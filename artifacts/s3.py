@@ -185,6 +185,17 @@ class S3Store(StagedStore):
             obstore.put(self._store, key, f, chunk_size=PART_SIZE, max_concurrency=PART_CONCURRENCY)
         return StoredArtifact(self._uri(key), staging.sha256, staging.size)
 
+    def delete(self, uri: str) -> bool:
+        """Delete the object at ``uri`` (retention); False if there was none (one HEAD, one DELETE)."""
+        key = self._key_of(uri)
+        try:
+            obstore.head(self._store, key)
+        except FileNotFoundError:
+            self._confirm_bucket()
+            return False
+        obstore.delete(self._store, key)
+        return True
+
     def find(self, sha256: str) -> str | None:
         """The URI of the object with this content address, or None if there is none (one HEAD)."""
         key = self._key(sha256)

@@ -291,6 +291,10 @@ class ArtifactStore(Protocol):
         """Whether the object at ``uri`` exists and still hashes to ``sha256`` (re-read as a stream)."""
         ...
 
+    def delete(self, uri: str) -> bool:
+        """Delete the object at ``uri`` (retention); False if there was none."""
+        ...
+
     def open_read(self, uri: str) -> Iterator[bytes]:
         """The object's bytes, in chunks of at most ``CHUNK_SIZE``.
 

@@ -20,7 +20,14 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from ledger.errors import LedgerError
 from ledger.pgerrors import translated, violated
-from ledger.schema import APPROVER_KEY_CONSTRAINT, approver_keys, human_queue, review_logouts, task_leases
+from ledger.schema import (
+    APPROVER_KEY_CONSTRAINT,
+    approver_keys,
+    human_queue,
+    releases,
+    review_logouts,
+    task_leases,
+)
 from rules.approvers import KeyRecord, registry
 from rules.envelope import NewEvent, StoredEvent
 from rules.pressure import queue_changes
@@ -114,6 +121,22 @@ class ApprovalStore:
         """Open human requests per project scope (``human_queue``, rules.pressure)."""
         with translated(), self._reader.connect() as conn:
             return {scope: n for scope, n in conn.execute(_OPEN_BY_PROJECT)}
+
+    def add_release(self, task_id: str, output_sha256: str, manifest_sha256: str, key_id: str) -> None:
+        """Record that ``task_id``'s final output was released under a manifest signed by ``key_id``."""
+        row = {
+            "task_id": task_id,
+            "output_sha256": output_sha256,
+            "manifest_sha256": manifest_sha256,
+            "key_id": key_id,
+        }
+        with translated(), self._engine.begin() as conn:
+            conn.execute(releases.insert().values(**row))
+
+    def released_tasks(self) -> set[str]:
+        """The tasks whose final output was ever released."""
+        with translated(), self._reader.connect() as conn:
+            return set(conn.execute(select(releases.c.task_id).distinct()).scalars())
 
     def add_key(self, key: KeyRecord, *, actor: str, reason: str = "") -> None:
         """Register a public key. LedgerError if its key id was ever registered (ids are never reused)."""

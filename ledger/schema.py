@@ -348,3 +348,18 @@ vendor_callbacks: Final = Table(
     ),
     Index("ix_vendor_callbacks_operation_key", "operation_key", "id"),
 )
+
+# Every release of a task's final output (``ledgerflow release``, docs/releases.md), append-only: the
+# deployment's index of what was released (retention keeps a released task's artifacts). The signed manifest
+# is the proof, checked without this table.
+releases: Final = Table(
+    "releases",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("released_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column("task_id", Text, nullable=False),
+    Column("output_sha256", Text, nullable=False),
+    Column("manifest_sha256", Text, nullable=False),
+    Column("key_id", Text, nullable=False),
+    Index("ix_releases_task_id", "task_id"),
+)

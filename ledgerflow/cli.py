@@ -435,7 +435,12 @@ def drill(
         str, typer.Option("--mode", help="vendor mode: idempotent, lookup_only or none")
     ] = "idempotent",
     scenario: Annotated[
-        str, typer.Option("--scenario", help="crash (worker kills) or vendor-outage (breaker and fallback)")
+        str,
+        typer.Option(
+            "--scenario",
+            help="crash (worker kills), vendor-outage (breaker and fallback) or restore (the ledger's "
+            "database lost and restored behind Temporal)",
+        ),
     ] = "crash",
     failure: Annotated[
         str, typer.Option("--failure", help="vendor-outage: errors (503s, then timeouts) or quality")
@@ -444,9 +449,14 @@ def drill(
     shots: Annotated[
         int, typer.Option("--shots", min=2, max=50, help="vendor-outage: shots per episode")
     ] = 8,
+    window: Annotated[
+        float,
+        typer.Option("--window", min=1, max=3600, help="restore: seconds the restored ledger is behind"),
+    ] = 120.0,
 ) -> None:
     """A seeded random crash campaign on the embedded stack (or, with --scenario vendor-outage, a vendor
-    going down mid-episode); exit 1 unless every invariant holds."""
+    going down mid-episode; with --scenario restore, the ledger's database lost and restored --window
+    seconds behind Temporal); exit 1 unless every invariant holds."""
     from ledgerflow.runs.drill import run_drill
 
     if scenario == "vendor-outage":
@@ -461,8 +471,20 @@ def drill(
         if not outage.clean:
             raise typer.Exit(1)
         return
+    if scenario == "restore":
+        from ledgerflow.runs.restore_drill import run_restore_scenario
+
+        if tasks < 4:
+            raise ClientError("--scenario restore needs --tasks 4 or more (one per wave)")
+        restored = asyncio.run(run_restore_scenario(get_settings(), tasks, window, log=out.print))
+        out.print(restored.table())
+        for line in restored.audit_lines:
+            out.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        if not restored.clean:
+            raise typer.Exit(1)
+        return
     if scenario != "crash":
-        raise ClientError(f"--scenario {scenario[:40]!r} is not crash or vendor-outage")
+        raise ClientError(f"--scenario {scenario[:40]!r} is not crash, vendor-outage or restore")
 
     if profile not in ("plain", "realistic"):
         raise ClientError(f"--profile {profile[:40]!r} is not plain or realistic")
@@ -472,6 +494,49 @@ def drill(
     out.print(report.table())
     if not report.clean:
         raise typer.Exit(1)
+
+
+@app.command()
+@friendly
+def backup(
+    dest: Annotated[
+        Path | None,
+        typer.Option("--dest", help="a new directory for the base backup (default: .ledgerflow/backups/UTC)"),
+    ] = None,
+    archive: Annotated[
+        Path | None,
+        typer.Option("--archive", help="turn WAL archiving on first, into this directory (point in time)"),
+    ] = None,
+    archive_timeout: Annotated[
+        int,
+        typer.Option("--archive-timeout", min=1, max=86400, help="ship a quiet WAL segment after N seconds"),
+    ] = 60,
+) -> None:
+    """A base backup of the ledger's database (pg_basebackup), with --archive WAL archiving for a restore
+    to any point in time; docs/backup.md has the restore and the catch-up that must follow it."""
+    from datetime import UTC, datetime
+
+    from ledgerflow import backup as ledger_backup
+
+    settings = get_settings()
+    url = settings.resolved_database_url()
+    if archive is not None:
+        archive = archive.absolute()
+        if ledger_backup.configure_archiving(url, archive, archive_timeout):
+            if ledger_backup.restart_embedded(settings.state_dir, url):
+                out.print("archive_mode was off: the embedded Postgres was restarted to apply it")
+            else:
+                out.print("archive_mode was off: restart the database server to apply it, then back up again")
+                raise typer.Exit(1)
+        out.print(f"WAL archiving on: segments go to {archive} (a quiet one after {archive_timeout}s)")
+    state = ledger_backup.archiving(url)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = (dest or settings.state_dir / "backups" / stamp).absolute()
+    taken = ledger_backup.base_backup(url, target)
+    seconds = (taken.ended_at - taken.started_at).total_seconds()
+    out.print(f"base backup {target}: {taken.size_bytes // 1024} KiB in {seconds:.1f}s")
+    if state["archive_mode"] == "off":
+        out.print("WAL archiving is off: this backup restores to its own end only (--archive DIR: on)")
 
 
 @app.command()
@@ -694,6 +759,85 @@ def billing_schedule(
     out.print(asyncio.run(go()), markup=False, highlight=False, soft_wrap=True)
 
 
+# ── the scans that run themselves: one Temporal Schedule each (ledgerflow/views/schedules.py) ───────────
+schedules_app = typer.Typer(
+    no_args_is_help=True,
+    help="The Temporal Schedules of the scans that run themselves (docs/operations.md).",
+)
+app.add_typer(schedules_app, name="schedules")
+
+
+@schedules_app.command("apply")
+@friendly
+def schedules_apply(
+    orphans: Annotated[
+        float | None, typer.Option("--orphans-every", min=10, help="seconds between two orphan scans (60)")
+    ] = None,
+    holds: Annotated[
+        float | None, typer.Option("--route-holds-every", min=10, help="seconds between two route scans (60)")
+    ] = None,
+    consistency: Annotated[
+        float | None, typer.Option("--consistency-every", min=10, help="seconds between two checks (300)")
+    ] = None,
+    billing: Annotated[
+        float | None, typer.Option("--billing-every", min=10, help="seconds between two billing runs (300)")
+    ] = None,
+    include_unknown: Annotated[
+        bool,
+        typer.Option(
+            "--include-unknown", help="resume tasks Temporal has no record of (a restored namespace)"
+        ),
+    ] = False,
+) -> None:
+    """Create each scan's Temporal Schedule, or update it to this spec (idempotent: run it again at will),
+    run by the workers of LEDGERFLOW_TASK_QUEUE on the cluster LEDGERFLOW_TEMPORAL_ADDRESS (`ledgerflow up`
+    does it for the embedded stack)."""
+    from datetime import timedelta
+
+    from ledgerflow import client as lf
+    from ledgerflow.views.schedules import BILLING, CONSISTENCY, ORPHANS, ROUTE_HOLDS, ensure_schedules
+
+    settings = get_settings()
+    given = ((ORPHANS, orphans), (ROUTE_HOLDS, holds), (CONSISTENCY, consistency), (BILLING, billing))
+    periods = {s.name: timedelta(seconds=p) for s, p in given if p is not None}
+
+    async def go() -> list[str]:
+        client = await lf.connect(settings)
+        return await ensure_schedules(client, settings, every=periods, include_unknown=include_unknown)
+
+    for line in asyncio.run(go()):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@schedules_app.command("list")
+@friendly
+def schedules_list(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Each scan's Schedule on LEDGERFLOW_TASK_QUEUE: its interval, its runs, when it last succeeded and what
+    that run found and did."""
+    from dataclasses import asdict
+
+    from ledgerflow import client as lf
+    from ledgerflow.views.schedules import describe_schedules, schedule_lines
+
+    settings = get_settings()
+
+    async def go() -> Any:
+        return await describe_schedules(await lf.connect(settings), settings.task_queue)
+
+    rows = asyncio.run(go())
+    if as_json:
+        dump = [
+            {**asdict(r), "last_result": r.last_result.model_dump(mode="json") if r.last_result else None}
+            for r in rows
+        ]
+        out.print_json(json.dumps(dump, default=str))
+        return
+    for line in schedule_lines(rows):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 # ── releases: rebuild, sign, and verify without the ledger (docs/releases.md) ───────────────────────────
 
 
@@ -708,6 +852,13 @@ def release(
         Path | None,
         typer.Option("--out", help="where to write the output and its manifest (default: state dir)"),
     ] = None,
+    c2pa_cert: Annotated[
+        Path | None,
+        typer.Option("--c2pa-cert", help="also embed a C2PA manifest: PEM chain certifying the release key"),
+    ] = None,
+    c2pa_dev_cert: Annotated[
+        bool, typer.Option("--c2pa-dev-cert", help="dev mode: embed C2PA under a throwaway test CA")
+    ] = False,
 ) -> None:
     """Rebuild the task's final output from the ledger and the content store, refuse unless it hashes to
     the recorded final output (exit 1, naming the difference), then write it and its signed provenance
@@ -722,11 +873,25 @@ def release(
     except KeyFileError as e:
         raise ClientError(str(e)) from None
     settings = get_settings()
+    chain: bytes | None = None
+    anchor: bytes | None = None
+    if c2pa_cert is not None and c2pa_dev_cert:
+        raise ClientError("give --c2pa-cert or --c2pa-dev-cert, not both")
+    if c2pa_cert is not None:
+        chain = _read(c2pa_cert, "certificate").encode()
+    elif c2pa_dev_cert:
+        if not settings.dev:
+            raise ClientError("--c2pa-dev-cert is for dev mode only (LEDGERFLOW_ENV=dev): use --c2pa-cert")
+        from ledgerflow.release.c2pa_embed import dev_chain
+
+        chain, anchor = dev_chain(key)
 
     async def go() -> Any:
         rec = lf.recorder(settings)
         try:
-            return await make_release(settings, rec, task_id, key, out_dir)
+            return await make_release(
+                settings, rec, task_id, key, out_dir, c2pa_chain=chain, c2pa_anchor=anchor
+            )
         finally:
             rec.dispose()
 
@@ -735,14 +900,19 @@ def release(
     except ReleaseRefused as e:
         err.print(f"[red]release refused:[/red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    out.print(f"released {task_id}: {made.method} rebuilt, sha256 {made.sha256}", highlight=False)
+    out.print(
+        f"released {task_id}: {made.method} rebuilt, sha256 {made.sha256}", highlight=False, soft_wrap=True
+    )
     out.print(f"  output    {made.output}\n  manifest  {made.manifest}", highlight=False, soft_wrap=True)
+    embedded = made.document["claim"].get("embedded_c2pa")
+    if embedded:
+        out.print(f"  with C2PA {made.manifest.parent / embedded['name']}", highlight=False, soft_wrap=True)
 
 
 @app.command()
 def verify(
     manifest: Annotated[Path, typer.Argument(metavar="MANIFEST", help="a release manifest (.release.json)")],
-    file: Annotated[Path | None, typer.Argument(metavar="[FILE]", help="the released file to check")] = None,
+    file: Annotated[Path | None, typer.Argument(metavar="FILE", help="the released file to check")] = None,
     public_key: Annotated[
         str | None, typer.Option("--public-key", help="the publisher's release key (64 hex)")
     ] = None,
@@ -764,6 +934,47 @@ def verify(
         err.print(f"not verified: {type(e).__name__}: {e}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     out.print(verified.line(), markup=False, highlight=False, soft_wrap=True)
+
+
+# ── retention: an ended task's artifacts leave the store after its project's period ───────────────────
+
+
+@app.command()
+@friendly
+def retention(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="say what would be deleted; delete nothing")
+    ] = False,
+) -> None:
+    """Delete the artifacts of tasks that ended longer ago than their project keeps them
+    (LEDGERFLOW_ARTIFACT_RETENTION_DAYS, e.g. '{"*": 365, "drafts": 30}'), unless a release or a task still
+    open names them; each deletion is recorded in the ledger of every task that named the object."""
+    from datetime import UTC, datetime
+
+    from artifacts import open_store, store_for_uri
+    from ledgerflow import client as lf
+    from ledgerflow.retention import expire
+
+    settings = get_settings()
+    if not settings.artifact_retention_days:
+        raise ClientError("no retention period: set LEDGERFLOW_ARTIFACT_RETENTION_DAYS (artifacts are kept)")
+    stores = [open_store(settings.store_location())]
+    rec = lf.recorder(settings)
+    try:
+        found = expire(
+            rec,
+            lambda uri: store_for_uri(uri, stores),
+            settings.artifact_retention_days,
+            datetime.now(UTC),
+            dry_run=dry_run,
+        )
+    finally:
+        rec.dispose()
+    verb = "would delete" if dry_run else "deleted"
+    done = len(found.due) if dry_run else len(found.deleted)
+    out.print(f"{verb} {done} artifact(s); kept {len(found.kept)}", highlight=False)
+    for sha in found.missing:
+        out.print(f"  {sha[:12]}… was already gone from the store (recorded)", highlight=False)
 
 
 # ── people in the loop: the queue, one request, deciding, dead letters ─────────────────────────────────

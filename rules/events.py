@@ -44,6 +44,8 @@ class MarkerKind(StrEnum):
     # A node's output (sha256 in ``detail``) found missing or corrupt, fetched again from the vendor job that
     # made it (it still held it) and verified against its sha256: nothing paid, nothing made again.
     ARTIFACT_REFETCHED = "artifact_refetched"
+    # An ended task's output (sha256 in ``detail``) deleted from the store by retention: never reused again.
+    ARTIFACT_EXPIRED = "artifact_expired"
     TIMEOUT = "timeout"  # a human request passed its deadline
     STALL = "stall"
     LEASE = "lease"

@@ -672,6 +672,10 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
             node.voided += 1  # it never reached the vendor: it does not count against the retries
     elif e.kind == MarkerKind.COST_ANOMALY:
         p.cost_anomalies += 1
+    elif e.kind == MarkerKind.ARTIFACT_EXPIRED and e.node in p.nodes:
+        for out in p.nodes[e.node].outputs:  # deleted by retention from an ended task: never reused
+            if out.artifact.get("sha256") == e.detail:
+                out.lost = True
     elif e.kind == MarkerKind.ARTIFACT_LOST and e.node in p.nodes:
         # The bytes of an output are gone or corrupt: never reuse it or hand it on; a node whose current
         # output it is must make it again.

@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     # (LEDGERFLOW_NOTIFY_WEBHOOKS: a JSON object project -> URL; "*" for every project), signed with the
     # secret LEDGERFLOW_NOTIFY_SECRET holds; each links to the request on the page at LEDGERFLOW_REVIEW_URL.
     notify_webhooks: dict[str, str] = Field(default_factory=dict)
+    # Days an ended task's artifacts are kept, per project ("*": every other), unless a release or a task
+    # still open references them (``ledgerflow retention``); none named: artifacts are kept for ever.
+    artifact_retention_days: dict[str, float] = Field(default_factory=dict)
     notify_secret_env: str = "LEDGERFLOW_NOTIFY_SECRET"
     review_url: str | None = None
 

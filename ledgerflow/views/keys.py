@@ -23,13 +23,21 @@ from rich.table import Table
 from ledger.errors import LedgerError
 from ledgerflow.client import ClientError, recorder
 from rules.approvers import ANY, KEY_ID, SCOPE, KeyRecord, endorsement_message
+from rules.changes import key_kind
+from rules.events import ChangeKind
 from rules.plan import RequestKindName
 from runtime.files import write_private
 from runtime.settings import Settings
 from runtime.signing import ApproverKey, KeyFileError, load_key_file, parse_public_key, verify
 from runtime.signing import generate as new_key
 
-KINDS: tuple[str, ...] = get_args(RequestKindName)
+# What a key may sign, where it lists kinds: answers to requests of a kind, changes of a kind (rules.changes
+# ``key_kind``), releases (``ledgerflow release``). A key listing none may sign every kind but ``release``.
+KINDS: tuple[str, ...] = (
+    *get_args(RequestKindName),
+    *(key_kind(k) for k in ChangeKind),
+    "release",
+)
 ROOT: Final = "root"  # the approver name a root key file carries (a root never signs decisions)
 ENTRY_FORMAT: Final = "ledgerflow_key_entry"
 ENDORSEMENT_FORMAT: Final = "ledgerflow_key_endorsement"

@@ -143,6 +143,7 @@ LEDGER_TABLES = {
     "route_holds",
     "review_logouts",
     "vendor_callbacks",
+    "releases",
 }
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column

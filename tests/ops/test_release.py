@@ -259,7 +259,6 @@ async def test_the_c2pa_copy_carries_a_manifest_c2pa_reads_as_trusted_and_verify
     a C2PA manifest embedded: c2pa's own reader finds it valid and, trusting that CA, Trusted, with the
     release's binding (task, output sha256); the signed JSON claim records the copy's sha256, so verify
     accepts the copy as well as the plain file."""
-    pytest.importorskip("c2pa")
     from ledgerflow.release import c2pa_embed
 
     task_id = await clip_task(lf)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from typing import Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -267,3 +268,47 @@ async def test_restoring_an_earlier_version_reuses_what_was_built_on_it_and_pays
     assert len(await sim.charges(f"{tid}:board:")) == 2
     assert len(await sim.charges(f"{tid}:shot:")) == 2
     assert p.nodes["board"].status == NodeStatus.SUCCEEDED and p.nodes["board"].approved
+
+
+async def test_a_key_registered_for_some_change_kinds_signs_those_and_is_refused_the_others(
+    lf, sim, tmp_path
+):
+    """``ledgerflow keys add --kind change:skip …``: the registry's kinds bound what a key may change."""
+    from peoplekit import cli
+
+    from runtime.signing import generate
+
+    editor = f"editor-{uuid.uuid4().hex[:6]}"
+    key = generate(editor, f"{editor}-1")
+    key.write(tmp_path / "editor.key.json")
+    kinds = ("change:pause", "change:resume", "change:skip")
+    args = [a for k in kinds for a in ("--kind", k)]
+    key_file = str(tmp_path / "editor.key.json")
+    rc, out, err = await cli(
+        lf, tmp_path, "keys", "add", "--key-file", key_file, *args, "--as", "sec-ops",
+        "--reason", "an editor who may skip",
+    )  # fmt: skip
+    assert (rc, out.strip()) == (0, f"key {editor}-1 of {editor} registered"), err
+    rc, _, err = await cli(
+        lf, tmp_path, "keys", "add", "--key-file", key_file, "--kind", "change:all",
+        "--as", "sec-ops", "--reason", "r",
+    )  # fmt: skip
+    assert rc != 0 and "--kind 'change:all' is not one of" in err and "change:restore" in err
+
+    await sim.configure(executors={"image.keyframe": {"latency_seconds": 0.6}})
+    plan = lf.plan(ITEMS.format(token="kinds"))
+    tid = plan.task_id
+    handle = await lf.start(plan)
+    await until(lambda: dispatched(lf, tid) == ["frames/S01"], what="the first frame")
+
+    def signed(kind: str, **kw: Any) -> dict[str, Any]:
+        return people.signed_change(key, tid, kind, **kw)
+
+    paused = await people.send_change(lf.settings, tid, signed("pause"), timeout=15)
+    assert paused.status == "accepted", paused
+    moved = await people.send_change(lf.settings, tid, signed("reroute", node="clips", edit={"route": "x"}))
+    assert moved.status == "rejected" and "may not decide change:reroute" in moved.detail, moved
+    skipped = await people.send_change(lf.settings, tid, signed("skip", node="frames/S03"), timeout=15)
+    assert (skipped.status, skipped.detail) == ("accepted", f"skip by {editor}"), skipped
+    assert (await people.send_change(lf.settings, tid, signed("resume"), timeout=15)).status == "accepted"
+    assert (await finished(handle)).state == "Completed"
