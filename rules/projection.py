@@ -160,6 +160,9 @@ class NodeView:
     # Skipped by a person's signed change (it, or a node only it fed): never runs, counts as done, and hands
     # its dependents nothing (a join reads the items that remain).
     skipped: bool = False
+    # Its current output was lost from the store (and its vendor no longer held it): it is made again only
+    # once a person approves the cost (rules.table R9, table 9), or a new output arrives.
+    lost_pending: bool = False
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
     # Fixed by the plan: where the node sits, and whether its stage asks a person to approve each output.
     stage: str = ""
@@ -452,6 +455,7 @@ def _apply(p: Projection, event: Any, stored: StoredEvent) -> None:
                     node.id, event.operation_key, stored.seq, event.job_id, event.artifact.sha256
                 )
             if event.operation_key == node.operation_key and node.status not in (NodeStatus.STALE,):
+                node.lost_pending = False
                 node.status = NodeStatus.SUCCEEDED
                 node.artifact = event.artifact.model_dump()
                 node.artifact_seq = stored.seq
@@ -686,6 +690,7 @@ def _apply_marker(p: Projection, e: SystemMarker) -> None:
         if node.status == NodeStatus.SUCCEEDED and node.artifact and node.artifact.get("sha256") == e.detail:
             node.status = NodeStatus.STALE
             node.approved = False  # the output made again is new bytes: approved again before it is used
+            node.lost_pending = True  # making it again is paid: a person approves the cost first (table 9)
     elif e.kind == MarkerKind.LATE_CHARGE and e.amount is not None:
         _spend(p, p.nodes.get(e.node) if e.node else None, e.amount)
 
@@ -775,6 +780,7 @@ def _grant(p: Projection, r: RequestView, decision: HumanDecisionType) -> None:
         node.extra_attempts += 1
         node.status = NodeStatus.PENDING if node.status == NodeStatus.FAILED else node.status
         node.dead_letter = None
+        node.lost_pending = False  # a lost output's remaking, approved with its cost
     elif req.kind == RequestKind.ESCALATION:
         p.escalation_reason = None
         stood_for = p.requests.get(r.resolves) if r.resolves else None

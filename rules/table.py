@@ -198,7 +198,24 @@ def _retry_then(p: Projection, now: datetime) -> Action:
 
 
 # R9 ───────────────────────────────────────────────────────────────────────────────────────────────
+# The request that asks a person to approve making a lost output again (its cost): ``remake:NODE:vN``.
+REMAKE: Final = "remake:"
+
+
+def _remake_id(n: NodeView) -> str:
+    return f"{REMAKE}{n.id}:v{n.versions}"
+
+
 def _needs_person(p: Projection, now: datetime) -> tuple[NodeView, RequestKind, str] | None:
+    for n in p.in_order(n for n in p.stale if p.nodes[n].lost_pending):
+        if _remake_id(n) not in p.requests and not n.in_flight:
+            price, priced_by = node_price(p, p.graph.nodes[n.id].stage)
+            return (
+                n,
+                RequestKind.DEAD_LETTER,
+                f"{n.id}'s output was lost from the store and its vendor no longer holds it: making it"
+                f" again costs about {price} ({priced_by})",
+            )
     for n in p.in_order(p.failed | p.unapproved):
         if n.id in p.unapproved:
             rid = f"approval:{n.id}:v{n.versions}"
@@ -240,7 +257,9 @@ def _person_then(p: Projection, now: datetime) -> Action:
         )
     else:
         request = HumanRequest(
-            id=f"dead_letter:{n.id}:a{n.attempts}",
+            id=_remake_id(n)
+            if n.lost_pending and n.status == NodeStatus.STALE
+            else f"dead_letter:{n.id}:a{n.attempts}",
             kind=kind,
             reason=reason,
             node=n.id,
@@ -324,7 +343,8 @@ def _ready(p: Projection) -> Iterator[NodeView]:
             candidates = (stage_nodes[0],) if stage_nodes[0] in idle else ()
         if len(p.running[sid]) >= _stage_width(p, sid, width)[0]:
             continue
-        yield from p.in_order(candidates)
+        # A lost output is made again only once a person approved the cost (R9's ``remake:`` request).
+        yield from (n for n in p.in_order(candidates) if not n.lost_pending)
 
 
 def _task_width(p: Projection) -> int:
@@ -578,7 +598,8 @@ def _ref(p: Projection, node: str) -> dict[str, Any] | None:
 # 6: a node's request carries the fields a person's signed edit set (rules.changes).
 # 7: a re-routed node is dispatched to its new route, admitted at least at that route's declared bound.
 # 8: a review's rework finding a person waived is not redone; every blamed output waived, the task completes.
-RULES_VERSION: Final = 8
+# 9: an output lost from the store (and its vendor) is made again only once a person approves the cost.
+RULES_VERSION: Final = 9
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule("R1", "abort", _abort_when, _abort_then, "a person aborted: fail the task"),

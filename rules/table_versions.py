@@ -28,6 +28,19 @@ from rules.table import RULES_VERSION, decide
 Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 
 
+def _decide_v8(p: Projection, now: datetime) -> tuple[str, Action] | None:
+    """Table 8: today's without what table 9 added — a person's approval before a lost output is made again
+    (table 8 made it again at once). Exact: a node whose output was never lost is decided the same."""
+    lost = [n for n in p.nodes.values() if n.lost_pending]
+    for n in lost:
+        n.lost_pending = False
+    try:
+        return decide(p, now)
+    finally:
+        for n in lost:
+            n.lost_pending = True
+
+
 def _decide_v7(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """Table 7: today's without what table 8 added — people's waivers of a review's findings (none could be
     made then). Exact: a review nobody waived is answered the same under both. (Skips and restores change the
@@ -36,7 +49,7 @@ def _decide_v7(p: Projection, now: datetime) -> tuple[str, Action] | None:
     if p.review is not None:
         p.review.waived = frozenset()
     try:
-        return decide(p, now)
+        return _decide_v8(p, now)
     finally:
         if p.review is not None:
             p.review.waived = waived
@@ -123,6 +136,7 @@ _TABLES: Final[dict[int, Decide]] = {
     5: _decide_v5,
     6: _decide_v6,
     7: _decide_v7,
+    8: _decide_v8,
     RULES_VERSION: decide,
 }
 _today: list[int] = [RULES_VERSION]  # a one-slot box: ``registered(..., today=True)`` swaps it for a block

@@ -102,3 +102,6 @@ DUE_SOON = 0.8  # a request is "due soon" once this share of its time to the dea
 # would move that ask, and the replay would take the old body (seen: a status query's replay of a task decided
 # by an Update called the retired people.record).
 STEADY_PATCHES = "steady-patches-v1"
+# Rule table 9: an output lost from the store is made again only once a person approves the cost. Asked once
+# at the run's start, right after STEADY_PATCHES (a run recorded before it decides with table 8 throughout).
+REMAKE_ASKS = "remake-asks-v1"

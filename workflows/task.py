@@ -92,6 +92,7 @@ with workflow.unsafe.imports_passed_through():
         past_deadline,
         undo_refused,
     )
+    from rules.table_versions import Decide, table
     from workflows.contracts import (
         CHANGE,
         DECIDE,
@@ -128,6 +129,7 @@ with workflow.unsafe.imports_passed_through():
         NOTIFY_TIMEOUT,
         NOTIFY_WITHIN,
         OPERATION_CLOSE,
+        REMAKE_ASKS,
         STAGE_RETRY,
         STEADY_PATCHES,
         SUGGESTION_MIN_GROWTH,
@@ -175,6 +177,8 @@ class TaskWorkflow:
         self._refused: list[tuple[str, str, str | None]] = []
         self._told: tuple[object, ...] | None = None  # what the search attributes last said (UI_STORY)
         self._current = False  # the run was recorded with STEADY_PATCHES (``_has``)
+        # The rule table this run decides with, and its version (recorded in each INTENT): set at the start.
+        self._table: tuple[Decide | None, int] = (decide, RULES_VERSION)
         self._input: TaskInput | None = None
         self._draining = False  # the history is long: dispatch nothing more, then continue as new
         self._opened_length = 0  # the history's length once the task was opened (its ledger read)
@@ -225,6 +229,12 @@ class TaskWorkflow:
         if why is not None:
             raise ApplicationError(why, type=DECISION_REFUSED, non_retryable=True)
 
+    def _decide(self, p: Projection, now: datetime) -> tuple[str, Action] | None:
+        """The rule table this run decides with (today's, or table 8 for a run recorded before table 9)."""
+        decided = self._table[0]
+        assert decided is not None
+        return decided(p, now)
+
     def _has(self, marker: str) -> bool:
         """Whether this run takes the code ``marker`` versions (workflows/policies.py): every run recorded
         with ``STEADY_PATCHES`` does; an older one as its history says (``workflow.patched``)."""
@@ -244,6 +254,8 @@ class TaskWorkflow:
         # every later version check at once (``_has``), so none depends on when a person's Update or signal
         # was delivered — which a replay may place one workflow task apart from the original run.
         self._current = workflow.patched(STEADY_PATCHES)
+        # Versions after STEADY_PATCHES are asked here too, eagerly, in a fixed order (policies.py).
+        self._table = (decide, RULES_VERSION) if workflow.patched(REMAKE_ASKS) else (table(8), 8)
         opening = OpenTaskInput(
             task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id, limit=LEDGER_PAGE
         )
@@ -277,7 +289,7 @@ class TaskWorkflow:
                 if quiet and workflow.all_handlers_finished():
                     self._continue_as_new(p)
             now = workflow.now()
-            decided = decide(p, now)
+            decided = self._decide(p, now)
             if decided is None:
                 decided = await self._ask_llm(p, now)
             rule, action = decided
@@ -339,7 +351,7 @@ class TaskWorkflow:
                 await self._take_decisions(p)  # the budget an undo waits for, and its resume
             self._tell(p)
             now = workflow.now()
-            decided = decide(p, now)
+            decided = self._decide(p, now)
             if decided is None:
                 return
             rule, action = decided
@@ -609,7 +621,7 @@ class TaskWorkflow:
             decided_at=decided_at or workflow.now(),
             reservation=reservation,
             pending=tuple(p.provisional),
-            rules=RULES_VERSION,
+            rules=self._table[1],
         )
         key = intent_key(p.task_id, p.watermark, p.intents + 1)
         op_key = action.operation_key if isinstance(action, Dispatch | StaticGate | Compensate) else None

@@ -11,6 +11,7 @@ from rules.dag import build_graph
 from rules.events import ArtifactRef, MarkerKind, Outcome, RollbackDone, SystemMarker
 from rules.inputs import input_hash, sources
 from rules.projection import FREE_VOIDS
+from rules.table_versions import table
 
 
 def test_fan_outs_of_one_width_map_item_to_item_by_position_whatever_their_items_are_called() -> None:
@@ -123,6 +124,13 @@ def test_an_approved_output_that_is_lost_and_made_again_is_approved_again() -> N
     h.human(ask.request.id, HumanDecisionType.APPROVE)
     assert h.fold().nodes["a"].approved
     h.append(SystemMarker(kind=MarkerKind.ARTIFACT_LOST, node="a", operation_key="lost-1", detail="11" * 32))
+    # Making it again is paid: a person approves the cost first (table 9), and nothing is dispatched before.
+    rule, remake = h.act()
+    assert isinstance(remake, SuspendForHuman) and remake.request.id == "remake:a:v1", (rule, remake)
+    assert h.decide()[0] == "wait", "nothing is made again before the person answers"
+    v8 = table(8)
+    assert v8 is not None and isinstance(v8(h.view, h.now)[1], Dispatch), "table 8 made it again at once"
+    h.human(remake.request.id, HumanDecisionType.RESUME)
     a2 = _dispatch(h)
     assert a2.node == "a", "the lost output is made again before anything is built on it"
     _register(h, a2, "33" * 32)

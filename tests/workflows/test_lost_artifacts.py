@@ -9,10 +9,13 @@ import asyncio
 import time
 from typing import Any
 
+from peoplekit import wait_open
+
 from artifacts.local import path_of
 from ledgerflow.views import people
 from rules.events import Intent, parse
 from rules.projection import NodeStatus, fold
+from rules.recompute import recompute
 from runtime.signing import demo_key
 
 PLAN = """
@@ -92,16 +95,24 @@ async def test_a_deleted_input_is_fetched_again_from_the_vendor_and_nothing_is_p
     assert len(await sim.charges(f"{tid}:frame:")) == 1, "the frame was paid for once"
 
 
-async def test_a_deleted_input_the_vendor_purged_is_recorded_lost_and_made_again(lf, sim):
+async def test_a_deleted_input_the_vendor_purged_is_made_again_only_once_a_person_approves_the_cost(lf, sim):
     handle, tid, sha = await frame_made_then_deleted(lf, sim, "purged", purge_after_seconds=1.0)
     await asyncio.sleep(1.5)  # the vendor's copy is gone too
     await change(lf, tid, "resume")
+    rid = await wait_open(lf, tid, "remake:frame:")
+    [lost] = markers(lf, tid, "artifact_lost")
+    assert (lost.payload["node"], lost.payload["detail"]) == ("frame", sha)
+    request = fold(lf.recorder.read_events(tid)).requests[rid].request
+    assert "frame's output was lost from the store" in request.reason and "costs about 1" in request.reason
+    await asyncio.sleep(1.0)
+    assert len(await sim.charges(f"{tid}:frame:")) == 1, "nothing is made again before a person approves"
+    told = await people.decide(lf.settings, demo_key("producer"), tid, rid, "resume", note="remake it")
+    assert told.status == "accepted", told
     result = await asyncio.wait_for(handle.result(), 60)
     assert result.state == "Completed", result.summary
 
     assert markers(lf, tid, "artifact_refetched") == []
-    [lost] = markers(lf, tid, "artifact_lost")
-    assert (lost.payload["node"], lost.payload["detail"]) == ("frame", sha)
-    p = fold(lf.recorder.read_events(tid))
-    assert p.nodes["frame"].attempts == 2, "made again"
+    events = lf.recorder.read_events(tid)
+    assert fold(events).nodes["frame"].attempts == 2, "made again"
     assert len(await sim.charges(f"{tid}:frame:")) == 2, "and paid for again, as the vendor bills it"
+    assert recompute(events) == [], "every decision recomputes (table 9 asked, then dispatched)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 from decimal import Decimal
 from typing import Any
 
@@ -36,9 +37,11 @@ stages:
 """
 
 
-async def test_a_corrupted_input_is_made_again_and_never_handed_to_the_vendor(lf, sim):
+async def test_a_corrupted_input_is_fetched_again_and_never_handed_to_the_vendor(lf, sim):
     """The frame's file is damaged while the shot waits (on the frame's approval): the shot's executor finds
-    it does not hash to its record, records it lost and sends nothing; the frame is made again."""
+    it does not hash to its record and, the vendor still holding the frame's job, fetches it again (verified
+    by its sha256, nothing paid) before anything is sent; the frame is not made again (issue 27 §4; made
+    again, with a person's approval of the cost, only where the vendor purged it: test_lost_artifacts)."""
     plan = lf.plan(TWO_STAGES.format(project="lost", reuse="task"))
     handle = await lf.start(plan)
 
@@ -53,17 +56,20 @@ async def test_a_corrupted_input_is_made_again_and_never_handed_to_the_vendor(lf
     result = await handle.result()
 
     assert result.state == "Completed", result.summary
-    lost = [m for m in events_of(lf, plan.task_id, "SystemMarker") if m.kind == "artifact_lost"]
-    assert [(m.node, m.detail) for m in lost] == [("frame", first.artifact.sha256)]
-    frames = [o for o in events_of(lf, plan.task_id, "Outcome") if o.node == "frame"]
-    assert len(frames) == 2 and frames[1].reused_from is None  # made again, not "reused" from the bad copy
+    markers = events_of(lf, plan.task_id, "SystemMarker")
+    assert [m for m in markers if m.kind == "artifact_lost"] == []
+    [refetched] = [m for m in markers if m.kind == "artifact_refetched"]
+    assert refetched.node == "frame" and refetched.detail.startswith(first.artifact.sha256)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == first.artifact.sha256, (
+        "the store's copy is healed"
+    )
+    assert [o.node for o in events_of(lf, plan.task_id, "Outcome")].count("frame") == 1, "never made again"
     shots = [
         i.action for i in events_of(lf, plan.task_id, "Intent") if getattr(i.action, "node", "") == "shot"
     ]
     charged = {c["idempotency_key"] for c in await sim.charges(f"{plan.task_id}:")}
-    sent = [s for s in shots if s.operation_key in charged]
-    assert len(shots) == 2 and len(sent) == 1, "the first shot was voided unsent; the vendor saw one request"
-    assert sent[0].input["inputs"]["frame"]["sha256"] == frames[1].artifact.sha256  # the good frame
+    assert len(shots) == 1 and shots[0].operation_key in charged, "one shot, sent once"
+    assert shots[0].input["inputs"]["frame"]["sha256"] == first.artifact.sha256  # the good frame
 
 
 async def test_a_resubmitted_plan_of_the_same_project_reuses_every_output_and_pays_nothing(lf, sim):
