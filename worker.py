@@ -30,6 +30,7 @@ from activities.review import ReviewActivities
 from activities.stages import StageActivities
 from artifacts import ArtifactStore, open_store, store_for_uri
 from ledger.recorder import Recorder
+from ledgerflow.views.schedules import last_success
 from reconcile.scans import Runs, ScanActivities
 from runtime import logs, telemetry
 from runtime.metrics import MetricsSettings, known_routes, sdk_runtime, serve_metrics
@@ -203,7 +204,15 @@ async def run_worker(settings: Settings | None = None) -> None:
                 # Every route of the route file is exported (at 0 while idle), not only those with rows.
                 routes = known_routes(deployment_table(settings))
                 server = serving.enter_context(
-                    serve_metrics(metrics, url, client, loop, sdk=runtime is not None, routes=routes)
+                    serve_metrics(
+                        metrics,
+                        url,
+                        client,
+                        loop,
+                        sdk=runtime is not None,
+                        routes=routes,
+                        scans=functools.partial(last_success, client, settings.task_queue),
+                    )
                 )
                 log.info("metrics on %s/metrics, health on %s/healthz", server.url, server.url)
             log.info("worker on task queue %s", settings.task_queue)

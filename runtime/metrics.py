@@ -98,11 +98,11 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
@@ -615,6 +615,41 @@ class LocalCollector(Collector):
         )
 
 
+# The scans that run themselves (ledgerflow schedules): when each last succeeded, read from Temporal by a
+# function the worker gives (``ledgerflow.views.schedules.last_success`` on its queue; runtime sits below it).
+ScanReader = Callable[[], Awaitable[Mapping[str, datetime | None]]]
+
+
+class ScanCollector(Collector):
+    """``ledgerflow_scan_last_success_timestamp_seconds{scan}``: when each scheduled scan last completed (0:
+    never). Read from Temporal on the worker's event loop at scrape time; left out of that scrape if Temporal
+    does not answer in time."""
+
+    def __init__(self, read: ScanReader, loop: asyncio.AbstractEventLoop) -> None:
+        self._read = read
+        self._loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "ledgerflow_scan_last_success_timestamp_seconds",
+            "When each scheduled scan (ledgerflow schedules) last completed, unix seconds (0: never).",
+            labels=["scan"],
+        )
+        try:
+            future = asyncio.run_coroutine_threadsafe(_awaited(self._read), self._loop)
+            found = future.result(HEALTH_TIMEOUT_S)
+        except Exception as e:  # a timeout, a closed loop, Temporal's refusal: a scrape never fails on it
+            log.warning("the scans' last successes are unavailable: %s", one_line(e))
+            return
+        for scan, at in sorted(found.items()):
+            family.add_metric([scan], at.timestamp() if at is not None else 0.0)
+        yield family
+
+
+async def _awaited(read: ScanReader) -> Mapping[str, datetime | None]:
+    return await read()
+
+
 # ── health ───────────────────────────────────────────────────────────────────────────────────────────────
 class Readiness:
     """Readiness: Temporal's frontend answers its health check and the ledger answers ``SELECT 1``.
@@ -724,6 +759,7 @@ def serve_metrics(
     *,
     sdk: bool,
     routes: Routes | None = None,
+    scans: ScanReader | None = None,
 ) -> Iterator[MetricsServer]:
     """Serve /metrics and /healthz on ``settings.metrics_port`` until the block exits.
 
@@ -731,7 +767,9 @@ def serve_metrics(
     relays (without it, /metrics carries the ledger's metrics only). ``routes``: the route file's routes
     (``known_routes(table)``), exported at 0 before the ledger names them. The ledger's families are
     served only when ``settings.metrics_ledger`` (one exporter per deployment);
-    ``ledgerflow_metrics_ledger_exporter`` always says which. ConfigError (one line) if the port is taken.
+    ``ledgerflow_metrics_ledger_exporter`` always says which. ``scans``: when each scheduled scan last
+    succeeded (the exporter serves it, with the ledger's families). ConfigError (one line) if the port is
+    taken.
     """
     if settings.metrics_port is None:
         raise ValueError("serve_metrics needs LEDGERFLOW_METRICS_PORT")
@@ -740,6 +778,8 @@ def serve_metrics(
     registry.register(LocalCollector(settings.metrics_ledger))
     if settings.metrics_ledger:
         registry.register(LedgerCollector(engine, routes))
+        if scans is not None:
+            registry.register(ScanCollector(scans, loop))
     sdk_url = f"http://127.0.0.1:{settings.sdk_port()}/metrics" if sdk else None
     address = (settings.metrics_host, settings.metrics_port)
     try:

@@ -25,7 +25,7 @@ from temporalio.client import Client
 
 from ledger.recorder import Recorder
 from ledgerflow.stack.pg import free_port
-from runtime.metrics import MetricsServer, MetricsSettings, Routes, serve_metrics
+from runtime.metrics import MetricsServer, MetricsSettings, Routes, ScanReader, serve_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 Labels = tuple[tuple[str, str], ...]
@@ -139,12 +139,17 @@ def fresh_ledger(pg_url: str) -> Iterator[str]:
 
 @contextmanager
 def exporter(
-    database_url: str, client: Client, *, routes: Routes | None = None, ledger: bool = True
+    database_url: str,
+    client: Client,
+    *,
+    routes: Routes | None = None,
+    ledger: bool = True,
+    scans: ScanReader | None = None,
 ) -> Iterator[MetricsServer]:
     """``serve_metrics`` on a free port (no SDK relay), as the worker serves it."""
     settings = MetricsSettings(metrics_port=free_port(), metrics_ledger=ledger)
     loop = asyncio.get_running_loop()
-    with serve_metrics(settings, database_url, client, loop, sdk=False, routes=routes) as server:
+    with serve_metrics(settings, database_url, client, loop, sdk=False, routes=routes, scans=scans) as server:
         yield server
 
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
+from metricskit import exporter, scrape
 from peoplekit import cli
 from temporalio.client import Client, ScheduleActionExecutionStartWorkflow
 from temporalio.service import RPCError
@@ -149,11 +152,18 @@ async def test_a_task_terminated_mid_flight_is_resumed_by_the_scheduled_scan_pay
                 f for f in (await run_now(lf.client, schedule_id(ORPHANS, queue))).found if f.task_id == task
             ]
 
-            # Each scan's last success is readable (what /metrics exports).
+            # Each scan's last success is readable, and /metrics exports it (0 for a scan never run here).
             last = await last_success(lf.client, queue)
             for name in names:
                 at = last[name]
                 assert at is not None and at >= started_at, (name, at)
+            read = functools.partial(last_success, lf.client, queue)
+            with exporter(lf.settings.resolved_database_url(), lf.client, scans=read) as server:
+                scraped = await scrape(server.url)
+            for name in names:
+                value = scraped.value("ledgerflow_scan_last_success_timestamp_seconds", scan=name)
+                assert value == pytest.approx(last[name].timestamp()), name
+            assert scraped.value("ledgerflow_scan_last_success_timestamp_seconds", scan=CONSISTENCY.name) == 0
         finally:
             await delete_schedules(lf.client, queue)
 
