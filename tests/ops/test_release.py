@@ -127,13 +127,19 @@ async def test_the_demo_episode_is_rebuilt_to_its_recorded_hash_and_verifies_wit
             "executors": {n: {**p, "latency_seconds": 0.0} for n, p in DEMO_SIM["executors"].items()},
         }
     )
-    plan = lf.plan(DEMO_PLAN.read_text()).model_copy(update={"time_ceiling": 240.0})
+    # The ceiling is not what this test is about: a loaded 2-core machine once ran past a 240 s one.
+    plan = lf.plan(DEMO_PLAN.read_text()).model_copy(update={"time_ceiling": 900.0})
     task_id = str(plan.task_id)
     people_told = People(task_id, plan, "http://review.invalid")
     summary, error = await asyncio.wait_for(
-        run_task(lf.settings, plan, Console(file=io.StringIO()), people_told), 300
+        run_task(lf.settings, plan, Console(file=io.StringIO()), people_told), 960
     )
-    assert error is None and summary["state"] == "Completed", summary
+    assert error is None and summary["state"] == "Completed", (
+        error,
+        summary["state"],
+        summary.get("terminal_reason"),
+        summary.get("escalation_reason"),
+    )
     episode = final_outcome(lf.recorder, task_id)
     assert episode.artifact.media is not None and episode.artifact.media.format == "mp4"
     release_key(lf.recorder, tmp_path / "release.key")

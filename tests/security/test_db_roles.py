@@ -414,7 +414,13 @@ def test_compose_connects_nothing_as_a_superuser():
         for name, svc in compose["services"].items()
         if "LEDGERFLOW_DATABASE_URL" in (svc.get("environment") or {})
     }
-    assert users == {"migrate": "ledger_owner", "worker": "lf_worker", "cli": "lf_operator"}
+    assert users == {
+        "migrate": "ledger_owner",
+        "worker": "lf_worker",
+        "worker-exporter": "lf_worker",
+        "cli": "lf_operator",
+        "review": "lf_reader",  # the reviewer page reads, and records logouts
+    }
     init = (root / "ops" / "compose" / "ledger-db-init.sh").read_text()
     assert "CREATE ROLE ledger_owner LOGIN CREATEROLE NOSUPERUSER" in init
     assert "ALTER ROLE CURRENT_USER PASSWORD NULL;" in init
