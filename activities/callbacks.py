@@ -48,9 +48,15 @@ class CallbackWaker:
         self.listening = asyncio.Event()  # set while the LISTEN connection is up
         self.woken = 0  # notifications that woke an attempt (a figure for tests and metrics)
 
-    async def start(self) -> None:
+    async def start(self, ready_within: float = 10.0) -> None:
+        """Start listening, and wait (up to ``ready_within`` s) until the LISTEN is in place: a worker that
+        took activities before it would have their waits woken all at once by the first connect (which
+        wakes every waiter, for notifications it may have missed), ending shots early that no callback
+        woke (seen under load in CI). A database too slow to answer in time: the polls carry on meanwhile."""
         if self._task is None:
             self._task = asyncio.create_task(self._listen(), name="callback-waker")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.listening.wait(), ready_within)
 
     async def close(self) -> None:
         if self._task is not None:
