@@ -124,15 +124,19 @@ async def test_the_demo_episode_is_rebuilt_to_its_recorded_hash_and_verifies_wit
             **DEMO_SIM,
             "seed": 7,
             "default": {"latency_seconds": 0.0},
-            "executors": {n: {**p, "latency_seconds": 0.0} for n, p in DEMO_SIM["executors"].items()},
+            # No technical failures: which node exhausts its retries depends on the task id (a dead letter
+            # nobody answers here, seen in CI); the review's rework of S07 stays: a second version to rebuild.
+            "executors": {
+                n: {**p, "latency_seconds": 0.0, "fail_technical": 0.0}
+                for n, p in DEMO_SIM["executors"].items()
+            },
         }
     )
-    # The ceiling is not what this test is about: a loaded 2-core machine once ran past a 240 s one.
-    plan = lf.plan(DEMO_PLAN.read_text()).model_copy(update={"time_ceiling": 900.0})
+    plan = lf.plan(DEMO_PLAN.read_text()).model_copy(update={"time_ceiling": 240.0})
     task_id = str(plan.task_id)
     people_told = People(task_id, plan, "http://review.invalid")
     summary, error = await asyncio.wait_for(
-        run_task(lf.settings, plan, Console(file=io.StringIO()), people_told), 960
+        run_task(lf.settings, plan, Console(file=io.StringIO()), people_told), 300
     )
     assert error is None and summary["state"] == "Completed", (
         error,
