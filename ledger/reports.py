@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Final, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Engine, text
 
@@ -117,6 +117,13 @@ class Facts:
     first_reviews: list[FirstReviews]
     usable_output: list[UsableOutput]
     route_breakers: list[RouteBreaker]
+    attempts: list[tuple[str, str, int]]  # (project, executor, INTENTs of operations)
+    oldest_open: list[tuple[str, str, float]]  # (project, executor, age of the oldest open operation, s)
+    unfinished: list[tuple[str, int, float]]  # (project, unfinished tasks, the longest no-progress age, s)
+    over_ceiling: list[
+        tuple[str, int, Decimal]
+    ]  # (scope kind, accounts spent past their ceiling, by how much)
+    unmatched: list[tuple[str, str, Decimal]]  # (route, kind, money on unknown or ambiguous charge lines)
 
 
 # Shared pieces. The project join is a primary-key lookup per group (TaskCreated is every task's seq 1);
@@ -240,6 +247,62 @@ GROUP BY 1"""
 
 # The names the queries look rows up by, built where every name is built: dedup keys by rules.keys, budget
 # scopes by rules.scopes.
+# The metrics' families beyond the reports above (runtime.metrics), read by the same rules.
+_ATTEMPTS: Final = f"""
+WITH g AS (
+    SELECT task_id, operation_key, count(*) AS n
+    FROM events WHERE type = 'Intent' AND operation_key IS NOT NULL GROUP BY task_id, operation_key
+)
+{_BY_PROJECT_EXECUTOR}, sum(g.n)::bigint FROM g {_PROJECT} {_EXECUTOR}
+GROUP BY 1, 2"""
+
+_OLDEST_OPEN: Final = f"""
+WITH g AS (
+    SELECT DISTINCT ON (i.operation_key) i.task_id, i.operation_key, i.recorded_at
+    FROM events i
+    WHERE i.type = 'Intent' AND i.operation_key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM events r WHERE r.dedup_key = i.operation_key || :result_suffix)
+    ORDER BY i.operation_key, i.seq
+)
+{_BY_PROJECT_EXECUTOR}, max(extract(epoch FROM now() - g.recorded_at))::float8
+FROM g {_PROJECT} {_EXECUTOR}
+GROUP BY 1, 2"""
+
+# A task is unfinished until a Complete INTENT or a terminal Escalation (as for the human queue). Its progress
+# is its newest event; it is expected to be quiet while it waits on a person (a row in ``human_queue``) or on
+# an operation in flight (an INTENT without its result: ``ledgerflow_open_operation_oldest_seconds`` watches
+# those), so only the others count for the no-progress age.
+_TASKS: Final = f"""
+WITH g AS (
+    SELECT e.task_id, max(e.recorded_at) AS last FROM events e
+    GROUP BY e.task_id
+    HAVING NOT bool_or((e.type = 'Intent' AND e.payload->'action'->>'kind' = 'Complete')
+                       OR (e.type = 'Escalation' AND e.payload->>'terminal' = 'true'))
+)
+SELECT c.payload->'plan'->>'project', count(*),
+       COALESCE(max(extract(epoch FROM now() - g.last)) FILTER (
+           WHERE NOT EXISTS (SELECT 1 FROM human_queue q WHERE q.task_id = g.task_id)
+             AND NOT EXISTS (
+                 SELECT 1 FROM events i
+                 WHERE i.task_id = g.task_id AND i.type = 'Intent' AND i.operation_key IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM events r
+                                   WHERE r.dedup_key = i.operation_key || :result_suffix))),
+           0)::float8
+FROM g {_PROJECT}
+GROUP BY 1"""
+
+_BUDGETS: Final = """
+SELECT split_part(scope, ':', 1), count(*) FILTER (WHERE spent > ceiling),
+       COALESCE(sum(spent - ceiling) FILTER (WHERE spent > ceiling), 0)
+FROM budget_accounts GROUP BY 1"""
+
+_UNMATCHED: Final = r"""
+SELECT COALESCE(route, ''), kind, COALESCE(sum(abs(amount::numeric)), 0)
+FROM billing_reconciliation
+WHERE kind IN ('unknown_charge', 'ambiguous_charge') AND amount ~ '^-?[0-9]+(\.[0-9]+)?$'
+GROUP BY 1, 2"""
+
+
 _NAMES: Final = {
     "result_suffix": result_key(""),
     "resolution_infix": resolution_key("", ""),
@@ -275,8 +338,17 @@ def facts(engine: Engine) -> Facts:
             first_reviews=_rows(conn, _FIRST_REVIEWS, FirstReviews),
             usable_output=_rows(conn, _USABLE_OUTPUT, UsableOutput),
             route_breakers=_rows(conn, _ROUTE_BREAKERS, RouteBreaker),
+            attempts=_tuples(conn, _ATTEMPTS),
+            oldest_open=_tuples(conn, _OLDEST_OPEN),
+            unfinished=_tuples(conn, _TASKS),
+            over_ceiling=_tuples(conn, _BUDGETS),
+            unmatched=_tuples(conn, _UNMATCHED),
         )
 
 
 def _rows(conn: Connection, sql: str, row: Callable[..., _Row]) -> list[_Row]:
     return [row(*r) for r in conn.execute(text(sql), _NAMES)]
+
+
+def _tuples(conn: Connection, sql: str) -> list[Any]:
+    return [tuple(r) for r in conn.execute(text(sql), _NAMES)]

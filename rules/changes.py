@@ -292,14 +292,19 @@ def applies(p: Projection, change: SignedChange) -> str | None:
 def skipped_with(p: Projection, node: str) -> tuple[str, ...]:
     """What skipping ``node`` skips: it, and every node whose declared inputs all come from skipped nodes
     (what only it feeds: the shot of a cancelled keyframe item, not a join that reads the other items too)."""
+    # Only what is built on ``node`` can lose its last unskipped input now; in order, so a node's producers
+    # are decided before it.
     out = {node} | {n for n, v in p.nodes.items() if v.skipped}
-    for spec in p.graph.nodes.values():  # topological: a node's producers are decided before it
-        if spec.id in out or p.graph.nodes[node].order >= spec.order:
+    newly = [node]
+    for d in p.in_order(p.graph.descendants(node)):
+        if d.skipped:
             continue
+        spec = p.graph.nodes[d.id]
         fed = [s for src in sources(p.graph, spec).values() for s in ([src] if isinstance(src, str) else src)]
         if fed and all(s in out for s in fed):
-            out.add(spec.id)
-    return tuple(v.id for v in p.in_order(out) if v.id == node or not v.skipped)
+            out.add(d.id)
+            newly.append(d.id)
+    return tuple(newly)
 
 
 def _skip_problem(p: Projection, node: str) -> str | None:

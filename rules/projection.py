@@ -161,7 +161,8 @@ class NodeView:
     # its dependents nothing (a join reads the items that remain).
     skipped: bool = False
     # Its current output was lost from the store (and its vendor no longer held it): it is made again only
-    # once a person approves the cost (rules.table R9, table 9), or a new output arrives.
+    # once a person approves the cost (rules.table R9, table 9). Only ever true while the node is STALE:
+    # cleared by that approval, a dispatch (a table-8 run makes it again at once), a restore or an output.
     lost_pending: bool = False
     outputs: list[OutputView] = field(default_factory=list)  # every output it registered, oldest first
     # Fixed by the plan: where the node sits, and whether its stage asks a person to approve each output.
@@ -587,6 +588,7 @@ def _apply_intent(p: Projection, e: Intent, seq: int) -> None:
         case Dispatch() as d:
             node = p.nodes[d.node]
             node.status = NodeStatus.RUNNING
+            node.lost_pending = False  # (set only while STALE: rules.table_versions reads it there only)
             node.attempts = d.attempt
             node.operation_key = d.operation_key
             node.in_flight = True
@@ -739,7 +741,7 @@ def _restore(p: Projection, node: NodeView, version: int, stale: tuple[str, ...]
     never saw (the person chose; a new review judges what they chose)."""
     out = node.outputs[version - 1]
     node.artifact, node.artifact_seq = out.artifact, out.seq
-    node.status, node.approved = NodeStatus.SUCCEEDED, True
+    node.status, node.approved, node.lost_pending = NodeStatus.SUCCEEDED, True, False
     node.dead_letter, node.retry_at = None, None
     for node_id in stale:
         view = p.nodes.get(node_id)

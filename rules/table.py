@@ -202,37 +202,29 @@ def _retry_then(p: Projection, now: datetime) -> Action:
 REMAKE: Final = "remake:"
 
 
-def _remake_id(n: NodeView) -> str:
-    return f"{REMAKE}{n.id}:v{n.versions}"
-
-
-def _needs_person(p: Projection, now: datetime) -> tuple[NodeView, RequestKind, str] | None:
+def _needs_person(p: Projection, now: datetime) -> tuple[NodeView, RequestKind, str, str] | None:
+    """The first node a person must decide about: (it, the request's kind, its id, why)."""
     for n in p.in_order(n for n in p.stale if p.nodes[n].lost_pending):
-        if _remake_id(n) not in p.requests and not n.in_flight:
+        rid = f"{REMAKE}{n.id}:v{n.versions}"
+        if rid not in p.requests and not n.in_flight:
             price, priced_by = node_price(p, p.graph.nodes[n.id].stage)
-            return (
-                n,
-                RequestKind.DEAD_LETTER,
-                f"{n.id}'s output was lost from the store and its vendor no longer holds it: making it"
-                f" again costs about {price} ({priced_by})",
-            )
+            why = f"{n.id}'s output was lost from the store and its vendor no longer holds it: making it"
+            return n, RequestKind.DEAD_LETTER, rid, f"{why} again costs about {price} ({priced_by})"
     for n in p.in_order(p.failed | p.unapproved):
         if n.id in p.unapproved:
             rid = f"approval:{n.id}:v{n.versions}"
             if rid not in p.requests:
-                return (
-                    n,
-                    RequestKind.APPROVAL,
-                    f"approve {n.id} (version {n.versions}) before its dependents run",
-                )
+                why = f"approve {n.id} (version {n.versions}) before its dependents run"
+                return n, RequestKind.APPROVAL, rid, why
         last = n.last_failure
         if n.status != NodeStatus.FAILED or last is None or n.dead_letter is not None:
             continue
+        rid = f"dead_letter:{n.id}:a{n.attempts}"
         if last.kind not in RETRYABLE:
-            return n, RequestKind.DEAD_LETTER, f"{n.id} failed ({last.kind.value}): {last.error[:300]}"
+            return n, RequestKind.DEAD_LETTER, rid, f"{n.id} failed ({last.kind.value}): {last.error[:300]}"
         if p.exhausted(n.id):
             tries = n.attempts - n.round_base
-            return n, RequestKind.DEAD_LETTER, f"{n.id} exhausted {tries} attempts: {last.error[:300]}"
+            return n, RequestKind.DEAD_LETTER, rid, f"{n.id} exhausted {tries} attempts: {last.error[:300]}"
     return None
 
 
@@ -243,33 +235,26 @@ def _person_when(p: Projection, now: datetime) -> bool:
 def _person_then(p: Projection, now: datetime) -> Action:
     found = _needs_person(p, now)
     assert found is not None
-    n, kind, reason = found
+    n, kind, rid, reason = found
     deadline = now + timedelta(seconds=p.plan.approval.timeout)
     if kind == RequestKind.APPROVAL:
-        request = HumanRequest(
-            id=f"approval:{n.id}:v{n.versions}",
-            kind=kind,
-            reason=reason,
-            node=n.id,
-            options=(HumanDecisionType.APPROVE, HumanDecisionType.ABORT),
-            deadline=deadline,
-            timeout_policy=p.plan.approval.policy,
-        )
+        options = (HumanDecisionType.APPROVE, HumanDecisionType.ABORT)
+        policy = p.plan.approval.policy
     else:
-        request = HumanRequest(
-            id=_remake_id(n)
-            if n.lost_pending and n.status == NodeStatus.STALE
-            else f"dead_letter:{n.id}:a{n.attempts}",
-            kind=kind,
-            reason=reason,
-            node=n.id,
-            options=(HumanDecisionType.RESUME, HumanDecisionType.ABORT),
-            deadline=deadline,
-            # An unanswered dead letter never approves itself: the safe default is to stop and escalate.
-            timeout_policy=TimeoutPolicy.ESCALATE
-            if p.plan.approval.policy == TimeoutPolicy.APPROVE
-            else p.plan.approval.policy,
-        )
+        options = (HumanDecisionType.RESUME, HumanDecisionType.ABORT)
+        # An unanswered dead letter never approves itself: the safe default is to stop and escalate.
+        policy = p.plan.approval.policy
+        if policy == TimeoutPolicy.APPROVE:
+            policy = TimeoutPolicy.ESCALATE
+    request = HumanRequest(
+        id=rid,
+        kind=kind,
+        reason=reason,
+        node=n.id,
+        options=options,
+        deadline=deadline,
+        timeout_policy=policy,
+    )
     context = context_package(p, request.kind, request.node, request.options)
     return SuspendForHuman(request=request.model_copy(update={"context": context}))
 

@@ -31,7 +31,7 @@ Decide = Callable[[Projection, datetime], tuple[str, Action] | None]
 def _decide_v8(p: Projection, now: datetime) -> tuple[str, Action] | None:
     """Table 8: today's without what table 9 added — a person's approval before a lost output is made again
     (table 8 made it again at once). Exact: a node whose output was never lost is decided the same."""
-    lost = [n for n in p.nodes.values() if n.lost_pending]
+    lost = [p.nodes[n] for n in p.stale if p.nodes[n].lost_pending]  # never true outside ``stale``
     for n in lost:
         n.lost_pending = False
     try:

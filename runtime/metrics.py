@@ -13,15 +13,14 @@ Off unless ``LEDGERFLOW_METRICS_PORT`` is set. Then the worker serves, on ``LEDG
 
 Business metrics are facts of the ledger, not of one process: they are computed when scraped, by the
 aggregate queries of ``ledger.reports`` in one read-only snapshot (so the numbers agree with each other),
-then the few queries below (``_more_facts``) in a second one, on a connection opened for the scrape and
-closed after it. Shared state is exported once: only a process with ``LEDGERFLOW_METRICS_LEDGER`` true (the
-default) serves them; on a deployment of several workers, set it false on all but one, the exporter, and
-scrape every worker — each serves its worker-local metrics (the SDK's) and
-``ledgerflow_metrics_ledger_exporter`` (1 on the exporter, else 0), so an alert can check that exactly one
-exports (docs/runbooks.md#one-exporter). A scrape returns rows per project, executor and kind, never per
-event, but its cost grows with the ledger; ``ledgerflow_ledger_scrape_seconds`` shows it, and a statement
-timeout caps it. A task's project, an operation's executor and the money's units are as ``ledger.reports``
-says.
+on a connection opened for the scrape and closed after it. Shared state is exported once: only a process
+with ``LEDGERFLOW_METRICS_LEDGER`` true (the default) serves them; on a deployment of several workers, set
+it false on all but one, the exporter, and scrape every worker — each serves its worker-local metrics (the
+SDK's) and ``ledgerflow_metrics_ledger_exporter`` (1 on the exporter, else 0), so an alert can check that
+exactly one exports (docs/runbooks.md#one-exporter). A scrape returns rows per project, executor and kind,
+never per event, but its cost grows with the ledger; ``ledgerflow_ledger_scrape_seconds`` shows it, and a
+statement timeout caps it. A task's project, an operation's executor and the money's units are as
+``ledger.reports`` says.
 
 Every family is exported for its known label sets, at 0 where the ledger has nothing (not missing while
 idle): the route file's routes (``routes``, passed by the worker) and every route the ledger names; every
@@ -101,7 +100,6 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,7 +124,6 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from ledger import reconciliation, reports
 from ledger.errors import LedgerError
-from ledger.pgerrors import translated
 from rules.actions import RequestKind
 from rules.events import FailureKind, Verdict
 from rules.scopes import ScopeKind
@@ -187,91 +184,6 @@ def ledger_engine(database_url: str) -> Engine:
 PASSING_VERDICTS: Final = frozenset({"Pass", "SoftWarning"})
 
 
-# The families ``ledger.reports`` has no query for yet, read by the same rules (a task's project is its
-# plan's, an operation's executor its INTENT's; the shared pieces are reports'), in a read-only snapshot of
-# their own taken right after reports' (so they may be a moment newer than it).
-_ATTEMPTS: Final = f"""
-WITH g AS (
-    SELECT task_id, operation_key, count(*) AS n
-    FROM events WHERE type = 'Intent' AND operation_key IS NOT NULL GROUP BY task_id, operation_key
-)
-{reports._BY_PROJECT_EXECUTOR}, sum(g.n)::bigint FROM g {reports._PROJECT} {reports._EXECUTOR}
-GROUP BY 1, 2"""
-
-_OLDEST_OPEN: Final = f"""
-WITH g AS (
-    SELECT DISTINCT ON (i.operation_key) i.task_id, i.operation_key, i.recorded_at
-    FROM events i
-    WHERE i.type = 'Intent' AND i.operation_key IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM events r WHERE r.dedup_key = i.operation_key || :result_suffix)
-    ORDER BY i.operation_key, i.seq
-)
-{reports._BY_PROJECT_EXECUTOR}, max(extract(epoch FROM now() - g.recorded_at))::float8
-FROM g {reports._PROJECT} {reports._EXECUTOR}
-GROUP BY 1, 2"""
-
-# A task is unfinished until a Complete INTENT or a terminal Escalation (as for the human queue). Its progress
-# is its newest event; it is expected to be quiet while it waits on a person (a row in ``human_queue``) or on
-# an operation in flight (an INTENT without its result: ``ledgerflow_open_operation_oldest_seconds`` watches
-# those), so only the others count for the no-progress age.
-_TASKS: Final = f"""
-WITH g AS (
-    SELECT e.task_id, max(e.recorded_at) AS last FROM events e
-    GROUP BY e.task_id
-    HAVING NOT bool_or((e.type = 'Intent' AND e.payload->'action'->>'kind' = 'Complete')
-                       OR (e.type = 'Escalation' AND e.payload->>'terminal' = 'true'))
-)
-SELECT c.payload->'plan'->>'project', count(*),
-       COALESCE(max(extract(epoch FROM now() - g.last)) FILTER (
-           WHERE NOT EXISTS (SELECT 1 FROM human_queue q WHERE q.task_id = g.task_id)
-             AND NOT EXISTS (
-                 SELECT 1 FROM events i
-                 WHERE i.task_id = g.task_id AND i.type = 'Intent' AND i.operation_key IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM events r
-                                   WHERE r.dedup_key = i.operation_key || :result_suffix))),
-           0)::float8
-FROM g {reports._PROJECT}
-GROUP BY 1"""
-
-_BUDGETS: Final = """
-SELECT split_part(scope, ':', 1), count(*) FILTER (WHERE spent > ceiling),
-       COALESCE(sum(spent - ceiling) FILTER (WHERE spent > ceiling), 0)
-FROM budget_accounts GROUP BY 1"""
-
-_UNMATCHED: Final = r"""
-SELECT COALESCE(route, ''), kind, COALESCE(sum(abs(amount::numeric)), 0)
-FROM billing_reconciliation
-WHERE kind IN ('unknown_charge', 'ambiguous_charge') AND amount ~ '^-?[0-9]+(\.[0-9]+)?$'
-GROUP BY 1, 2"""
-
-
-@dataclass(frozen=True, slots=True)
-class MoreFacts:
-    """What ``_more_facts`` reads: rows as the queries above return them."""
-
-    attempts: list[tuple[str, str, int]]  # (project, executor, INTENTs of operations)
-    oldest_open: list[tuple[str, str, float]]  # (project, executor, age of the oldest open operation)
-    tasks: list[tuple[str, int, float]]  # (project, unfinished tasks, the longest no-progress age)
-    budgets: list[tuple[str, int, Decimal]]  # (scope kind, accounts spent past their ceiling, by how much)
-    unmatched: list[tuple[str, str, Decimal]]  # (route, kind, money on unknown or ambiguous charge lines)
-
-
-def _more_facts(engine: Engine) -> MoreFacts:
-    with translated(), engine.connect() as conn:
-        conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-
-        def rows(sql: str) -> list[Any]:
-            return [tuple(r) for r in conn.execute(text(sql), reports._NAMES)]
-
-        return MoreFacts(
-            attempts=rows(_ATTEMPTS),
-            oldest_open=rows(_OLDEST_OPEN),
-            tasks=rows(_TASKS),
-            budgets=rows(_BUDGETS),
-            unmatched=rows(_UNMATCHED),
-        )
-
-
 # The deployment's routes, as the composition root knows them from the route file: each route's name, and
 # for a route some other route lists as a fallback, its ``qualification_max_age`` in seconds (else None).
 Routes = Mapping[str, float | None]
@@ -304,9 +216,8 @@ class LedgerCollector(Collector):
         started = time.perf_counter()
         try:
             facts = reports.facts(self._engine)
-            more = _more_facts(self._engine)
             billing = reconciliation.counts(self._engine)
-            families = list(self._families(facts, more, billing))
+            families = list(self._families(facts, billing))
             up = 1.0
         except LedgerError as e:
             log.warning("ledger metrics unavailable: %s", one_line(e))
@@ -319,25 +230,23 @@ class LedgerCollector(Collector):
             value=time.perf_counter() - started,
         )
 
-    def _families(
-        self, facts: reports.Facts, more: MoreFacts, billing: reconciliation.Counts
-    ) -> Iterator[Metric]:
+    def _families(self, facts: reports.Facts, billing: reconciliation.Counts) -> Iterator[Metric]:
         projects = sorted(
-            {*facts.projects, *(r.project for r in facts.spend), *(p for p, _, _ in more.tasks)}
+            {*facts.projects, *(r.project for r in facts.spend), *(p for p, _, _ in facts.unfinished)}
         )
         pairs = sorted(
             {(r.project, r.executor) for r in facts.spend}
             | {(r.project, r.executor) for r in facts.open_operations}
             | {(r.project, r.executor) for r in facts.failures}
             | {(r.project, r.executor) for r in facts.anomalies}
-            | {(p, x) for p, x, _ in more.attempts}
+            | {(p, x) for p, x, _ in facts.attempts}
         )
-        yield from self._money(facts, more, pairs)
-        yield from self._operations(facts, more, pairs, projects)
+        yield from self._money(facts, pairs)
+        yield from self._operations(facts, pairs, projects)
         yield from self._people(facts, projects)
         yield from self._quality(facts, projects)
         yield from self._routes(facts, billing)
-        yield from self._billing(billing, more)
+        yield from self._billing(billing, facts.unmatched)
 
     @staticmethod
     def _pair_family(
@@ -349,7 +258,7 @@ class LedgerCollector(Collector):
             family.add_metric(list(pair), values.get(pair, 0.0))
         return family
 
-    def _money(self, facts: reports.Facts, more: MoreFacts, pairs: list[tuple[str, str]]) -> Iterator[Metric]:
+    def _money(self, facts: reports.Facts, pairs: list[tuple[str, str]]) -> Iterator[Metric]:
         pe = ["project", "executor"]
         spend = {(r.project, r.executor): float(r.cost) for r in facts.spend}
         yield self._pair_family(
@@ -379,7 +288,7 @@ class LedgerCollector(Collector):
             "How far those accounts' spent exceeds their ceilings, summed, by scope kind.",
             labels=["kind"],
         )
-        by_kind = {kind: (n, amount) for kind, n, amount in more.budgets}
+        by_kind = {kind: (n, amount) for kind, n, amount in facts.over_ceiling}
         for kind in ScopeKind:
             n, amount = by_kind.get(kind.value, (0, Decimal(0)))
             over.add_metric([kind.value], float(n))
@@ -388,7 +297,7 @@ class LedgerCollector(Collector):
         yield overrun
 
     def _operations(
-        self, facts: reports.Facts, more: MoreFacts, pairs: list[tuple[str, str]], projects: list[str]
+        self, facts: reports.Facts, pairs: list[tuple[str, str]], projects: list[str]
     ) -> Iterator[Metric]:
         pe = ["project", "executor"]
         opened = {(r.project, r.executor): float(r.operations) for r in facts.open_operations}
@@ -399,7 +308,7 @@ class LedgerCollector(Collector):
             pairs,
             opened,
         )
-        oldest = {(p, x): float(age) for p, x, age in more.oldest_open}
+        oldest = {(p, x): float(age) for p, x, age in facts.oldest_open}
         yield self._pair_family(
             GaugeMetricFamily(
                 "ledgerflow_open_operation_oldest_seconds",
@@ -409,7 +318,7 @@ class LedgerCollector(Collector):
             pairs,
             oldest,
         )
-        attempts = {(p, x): float(n) for p, x, n in more.attempts}
+        attempts = {(p, x): float(n) for p, x, n in facts.attempts}
         yield self._pair_family(
             CounterMetricFamily(
                 "ledgerflow_attempts", "Operations started: INTENTs with an OperationKey.", labels=pe
@@ -427,7 +336,7 @@ class LedgerCollector(Collector):
                 failures.add_metric([project, executor, kind], failed.get((project, executor, kind), 0.0))
         yield failures
 
-        tasks = {p: (n, age) for p, n, age in more.tasks}
+        tasks = {p: (n, age) for p, n, age in facts.unfinished}
         unfinished = GaugeMetricFamily(
             "ledgerflow_tasks_unfinished",
             "Tasks without a Complete INTENT or a terminal Escalation.",
@@ -446,7 +355,9 @@ class LedgerCollector(Collector):
         yield unfinished
         yield idle
 
-    def _billing(self, counts: reconciliation.Counts, more: MoreFacts) -> Iterator[Metric]:
+    def _billing(
+        self, counts: reconciliation.Counts, money_on_lines: list[tuple[str, str, Decimal]]
+    ) -> Iterator[Metric]:
         """The scheduled billing reconciliation's record (ledger.reconciliation): lines it could not match
         and credits, each counted once however many runs saw it, and when it last ran."""
         families = {
@@ -465,7 +376,7 @@ class LedgerCollector(Collector):
             ),
         }
         found = {(kind, route): float(n) for kind, route, n in counts.by_kind}
-        unmatched = {(route, kind): float(amount) for route, kind, amount in more.unmatched}
+        unmatched = {(route, kind): float(amount) for route, kind, amount in money_on_lines}
         routes = sorted({*self._known, *(r for _, r, _ in counts.by_kind), *(r for r, _ in unmatched)})
         for kind, family in families.items():
             for route in routes:
