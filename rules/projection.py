@@ -788,6 +788,8 @@ def _grant(p: Projection, r: RequestView, decision: HumanDecisionType) -> None:
         stood_for = p.requests.get(r.resolves) if r.resolves else None
         if stood_for is not None and stood_for.request.kind == RequestKind.APPROVAL and node is not None:
             node.approved = True  # resuming a timed-out approval is the approval the timeout did not give
+        if stood_for is not None and stood_for.request.kind == RequestKind.DEAD_LETTER and node is not None:
+            node.lost_pending = False  # resuming a timed-out remake request is the go-ahead it did not give
         if node is not None and node.status == NodeStatus.FAILED:
             node.extra_attempts += 1  # resuming a stopped node grants it one more attempt
             node.status = NodeStatus.PENDING

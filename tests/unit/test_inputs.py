@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from helpers import History, make_plan, stage
 
-from rules.actions import Dispatch, HumanDecisionType, SuspendForHuman
+from rules.actions import Dispatch, Escalate, HumanDecisionType, RequestKind, SuspendForHuman
 from rules.dag import build_graph
 from rules.events import ArtifactRef, MarkerKind, Outcome, RollbackDone, SystemMarker
 from rules.inputs import input_hash, sources
@@ -138,3 +138,22 @@ def test_an_approved_output_that_is_lost_and_made_again_is_approved_again() -> N
     assert isinstance(action, SuspendForHuman) and action.request.node == "a", (
         f"new bytes, a new approval; got {rule} {action}"
     )
+
+
+def test_a_remake_request_that_timed_out_and_escalated_is_granted_by_resuming_the_escalation() -> None:
+    """Nobody answered the remake request (its policy escalates): resuming that escalation is the go-ahead,
+    as resuming a timed-out approval is the approval — the node is made again, not left waiting for ever."""
+    h = History(make_plan(stage("a"), stage("b", "a"), approval={"timeout": "1h", "policy": "escalate"}))
+    _register(h, _dispatch(h), "11" * 32)
+    h.append(SystemMarker(kind=MarkerKind.ARTIFACT_LOST, node="a", operation_key="lost-1", detail="11" * 32))
+    _, remake = h.act()
+    assert isinstance(remake, SuspendForHuman) and remake.request.id == "remake:a:v1"
+    h.tick(3601)
+    h.marker(MarkerKind.TIMEOUT, node="a", request_id=remake.request.id)  # the workflow marks it
+    rule, action = h.act()
+    assert rule == "R6" and isinstance(action, Escalate) and action.request is not None, (rule, action)
+    escalation = action.request
+    assert escalation.kind == RequestKind.ESCALATION and escalation.node == "a", escalation
+    h.human(escalation.id, HumanDecisionType.RESUME)
+    again = _dispatch(h)
+    assert again.node == "a", "resumed: the lost output is made again"
