@@ -42,12 +42,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from ledgerflow import installed_version
 
-        try:
-            out.print(f"ledgerflow {version('ledgerflow')}", highlight=False)
-        except PackageNotFoundError:  # run from a checkout that was never installed
-            out.print("ledgerflow (not installed: no version)", highlight=False)
+        found = installed_version()
+        said = f"ledgerflow {found}" if found else "ledgerflow (not installed: no version)"
+        out.print(said, highlight=False)
         raise typer.Exit()
 
 

@@ -490,12 +490,9 @@ def _embed_c2pa(
 
 # ── the release ────────────────────────────────────────────────────────────────────────────────────────
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from ledgerflow import installed_version
 
-    try:
-        return version("ledgerflow")
-    except PackageNotFoundError:
-        return "unknown"
+    return installed_version() or "unknown"
 
 
 async def release(
