@@ -42,7 +42,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from ledger import accounts, approvals, migrate, routes
+from ledger import accounts, approvals, migrate, routes, txcount
 from ledger.accounts import Account, AccountStore
 from ledger.approvals import ApprovalStore
 from ledger.errors import AlreadyResolved, DuplicateEvent, LedgerError, RouteWaiting, StaleEpoch, TaskNotFound
@@ -212,6 +212,7 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         # pre_ping: after a Postgres restart the pooled connections are dead; the ping replaces them on
         # checkout instead of failing the first call on each.
         self._engine = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
+        txcount.watch(self._engine)  # its transactions counted by kind (the bench's writes per node)
         # Reads are single statements, atomic on their own: AUTOCOMMIT saves the BEGIN and ROLLBACK round
         # trips.
         self._reader = self._engine.execution_options(isolation_level="AUTOCOMMIT")

@@ -1,0 +1,49 @@
+"""The recorder's own transaction counts (ledger.txcount): what the bench's "writes per paid node" reads."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from ledger import txcount
+from ledger.errors import StaleEpoch
+from ledger.recorder import Recorder
+from rules.envelope import NewEvent
+
+
+@pytest.fixture
+def counted(recorder: Recorder) -> Iterator[tuple[Recorder, txcount.Counter]]:
+    counter = txcount.Counter()
+    counter.watch(recorder._engine)  # a counter of this test's own, whatever else the process records
+    yield recorder, counter
+
+
+def test_each_kind_of_transaction_is_counted_once(counted: tuple[Recorder, txcount.Counter]) -> None:
+    rec, counter = counted
+    task = f"tx-{uuid.uuid4().hex[:8]}"
+    epoch = rec.take_lease(task, "run-1")
+    assert counter.snapshot() == txcount.Counts(writes=1)
+
+    rec.append_fenced(task, epoch, [NewEvent(type="Noted", dedup_key=f"{task}:a", payload={})])
+    rec.append_idempotent(task, NewEvent(type="Noted", dedup_key=f"{task}:b", payload={}))
+    assert counter.snapshot() == txcount.Counts(writes=3)
+
+    rec.read_events(task)  # one statement on the AUTOCOMMIT reader
+    rec.operation_view(task, f"{task}:op")  # two: the epoch and clock, the operation's events
+    assert counter.snapshot() == txcount.Counts(writes=3, reads=3)
+
+    with pytest.raises(StaleEpoch):  # its fencing UPDATE ran, matched nothing, and was rolled back
+        rec.append_fenced(task, epoch - 1, [NewEvent(type="Noted", dedup_key=f"{task}:c", payload={})])
+    assert counter.snapshot() == txcount.Counts(writes=3, reads=3, rollbacks=1)
+
+
+def test_a_select_for_update_is_not_a_write() -> None:
+    from ledger.txcount import _WRITE
+
+    assert _WRITE.search("SELECT task_id FROM task_leases WHERE task_id = %s FOR UPDATE") is None
+    assert _WRITE.search("SELECT 1 FOR NO KEY UPDATE OF task_leases SKIP LOCKED") is None
+    assert _WRITE.search("WITH r AS (UPDATE task_leases SET next_seq = 2) SELECT 1")
+    assert _WRITE.search("insert into events (seq) values (1)")
+    assert _WRITE.search("DELETE FROM route_observations WHERE at < now()")
