@@ -105,3 +105,9 @@ STEADY_PATCHES = "steady-patches-v1"
 # Rule table 9: an output lost from the store is made again only once a person approves the cost. Asked once
 # at the run's start, right after STEADY_PATCHES (a run recorded before it decides with table 8 throughout).
 REMAKE_ASKS = "remake-asks-v1"
+# The Temporal UI's search attributes are upserted when the task's state, verdict or wait for a person
+# changes, and for its spend at most once per UI_SPEND_EVERY (each upsert is a history event; the current
+# details, free, carry the per-stage progress). Runs recorded before upserted at every stage completion too.
+# Asked at the run's start, right after REMAKE_ASKS.
+UI_STATES = "ui-states-v1"
+UI_SPEND_EVERY = timedelta(seconds=60)

@@ -133,6 +133,8 @@ with workflow.unsafe.imports_passed_through():
         STAGE_RETRY,
         STEADY_PATCHES,
         SUGGESTION_MIN_GROWTH,
+        UI_SPEND_EVERY,
+        UI_STATES,
         UI_STORY,
         UNDO_BUDGET,
     )
@@ -176,6 +178,9 @@ class TaskWorkflow:
         # INTENTs the ledger refused to write: (operation key, why, the scope that is short).
         self._refused: list[tuple[str, str, str | None]] = []
         self._told: tuple[object, ...] | None = None  # what the search attributes last said (UI_STORY)
+        self._told_at: datetime | None = None  # when they last said it, and the spend they said (UI_STATES)
+        self._told_spent: Decimal | None = None
+        self._ui_states = False  # the run was recorded with UI_STATES (asked at its start)
         self._current = False  # the run was recorded with STEADY_PATCHES (``_has``)
         # The rule table this run decides with, and its version (recorded in each INTENT): set at the start.
         self._table: tuple[Decide | None, int] = (decide, RULES_VERSION)
@@ -256,6 +261,7 @@ class TaskWorkflow:
         self._current = workflow.patched(STEADY_PATCHES)
         # Versions after STEADY_PATCHES are asked here too, eagerly, in a fixed order (policies.py).
         self._table = (decide, RULES_VERSION) if workflow.patched(REMAKE_ASKS) else (table(8), 8)
+        self._ui_states = workflow.patched(UI_STATES)
         opening = OpenTaskInput(
             task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id, limit=LEDGER_PAGE
         )
@@ -410,8 +416,9 @@ class TaskWorkflow:
 
     def _tell(self, p: Projection) -> None:
         """What the Temporal UI shows: progress as the current details (free: not in the history) and, when
-        the state, the verdict, the wait for a person or the number of finished stages changed, the search
-        attributes (one history event each time)."""
+        the state, the verdict or the wait for a person changed — or the spend, at most once per
+        UI_SPEND_EVERY —, the search attributes (one history event each time; runs recorded before UI_STATES
+        also at every stage completion)."""
         done = sum(1 for left in p.unfinished.values() if left == 0)
         waiting = any(r.open for r in p.requests.values())
         verdict = p.review.verdict.value if p.review else ""
@@ -424,10 +431,20 @@ class TaskWorkflow:
         )
         if self._notify:
             self._announce(p)
-        told = (p.state, verdict, waiting, done)
-        if told == self._told or not self._has(UI_STORY):
+        if self._ui_states:
+            told: tuple[object, ...] = (p.state, verdict, waiting)
+            spend_due = p.spent != self._told_spent and (
+                self._told_at is None or workflow.now() - self._told_at >= UI_SPEND_EVERY
+            )
+            if told == self._told and not spend_due:
+                return
+        else:
+            told = (p.state, verdict, waiting, done)
+            if told == self._told:
+                return
+        if not self._has(UI_STORY):
             return
-        self._told = told
+        self._told, self._told_at, self._told_spent = told, workflow.now(), p.spent
         workflow.upsert_search_attributes(
             [
                 PROJECT.value_set(p.plan.project),
