@@ -30,6 +30,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Final
 
@@ -105,6 +106,11 @@ class Operation:
         # Set when this attempt's own job was billed far above the route's own declared price: the route's
         # breaker counts the call as a failed one (once per task and breaker window: ``RouteStore.observe``).
         self.billing_off = False
+        # Set by an executor whose calls its route's breaker judges: ``(route, keep)`` — an Outcome that shows
+        # the route answered well records the route's ``ok`` observation in the result's own transaction
+        # (``observed``: it did), not in one more of its own.
+        self.observing: tuple[str, timedelta] | None = None
+        self.observed = False
         bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
@@ -169,6 +175,7 @@ class Operation:
         fenced: bool = False,
         unless_resolved: bool = False,
         span_name: str = "ledger.append",
+        observed_ok: tuple[str, timedelta] | None = None,
     ) -> tuple[StoredEvent, bool]:
         """An idempotent append (first write of its key wins); ``fenced``: only under this run's epoch;
         ``unless_resolved``: only while the operation has no result (AlreadyResolved otherwise)."""
@@ -180,6 +187,7 @@ class Operation:
             spend=spend,
             fence_epoch=self.epoch if fenced or self.fence_writes else None,
             unless=result_key(self.key) if unless_resolved else None,
+            observed_ok=observed_ok,
         )
         marker = event.payload.get("kind") if event.type == "SystemMarker" else None
         cost = event.payload.get(
@@ -321,12 +329,15 @@ class Operation:
         Returns the result that stands: this one, or one written first by someone else (the task's end,
         another attempt), whose ``job_id`` then tells whether it was for the same job.
         """
+        ok = self._observed_ok(event)
         stored, inserted = await self.write(
             to_new(event, dedup_key=result_key(self.key), operation_key=self.key),
             release=self.estimate,
             spend=spend,
             span_name="ledger.result",
+            observed_ok=ok,
         )
+        self.observed = inserted and ok is not None
         mark("outcome_recorded", op=self.key, type=stored.type)
         if inserted:
             activity.logger.info(
@@ -335,6 +346,18 @@ class Operation:
         else:
             activity.logger.info("result already recorded: %s stands", _result_name(stored))
         return stored
+
+    def _observed_ok(self, event: object) -> tuple[str, timedelta] | None:
+        """``observing`` where this result is an ok its breaker only counts: an Outcome billed as the route
+        prices it, of an operation that is neither its route's probe nor its canary (those move the breaker:
+        ``RouteStore.observe``, in a transaction of its own). The probe and canary claims are made by the
+        INTENT, before ``open`` read the row."""
+        h = self.breaker
+        if self.observing is None or not isinstance(event, Outcome) or self.billing_off:
+            return None
+        if h is not None and self.key in (h.probe_key, h.canary_key):
+            return None
+        return self.observing
 
     async def settle_cost(
         self,

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -41,7 +42,7 @@ from rules.events import FailureKind
 from rules.inputs import refs
 from rules.routing import BreakerState, Observation, convert
 from runtime.faults import mark
-from vendors.adapter import JobStatus, Sent, VendorAdapter, VendorJob, job_amount
+from vendors.adapter import JobStatus, Sent, VendorAdapter, VendorJob, job_amount, mode_of
 from vendors.errors import (
     VendorAuthError,
     VendorConflict,
@@ -51,7 +52,7 @@ from vendors.errors import (
     VendorUnavailable,
 )
 from vendors.registry import Adapters
-from vendors.routes import AdapterKind
+from vendors.routes import AdapterKind, VendorMode
 
 
 class _Attempt:
@@ -60,6 +61,9 @@ class _Attempt:
     def __init__(self) -> None:
         self.job_id: str | None = None
         self.beat: Heartbeat | None = None
+        # A job the vendor took, its id not yet in the ledger (``_submit``: where the vendor finds jobs by
+        # our key, the id is written by the first poll that sees the job still running, or with its result).
+        self.unrecorded: str | None = None
 
     def accepted(self, job_id: str) -> None:
         """The vendor holds this job: heartbeat its id from now on, so a retry resumes it."""
@@ -128,6 +132,7 @@ class StageActivities(ClosingActivities):
             spec = self.adapters.table.route(route)
             inp = inp.model_copy(update={"executor": route, "input": convert(inp.input, spec.convert)})
         op = self._operation(inp, inp.executor)
+        op.observing = self._observing(inp.executor)
         attempt = _Attempt()
         try:
             adapter = self.adapters.get(inp.executor)  # a span per vendor call (vendors.traced)
@@ -150,7 +155,8 @@ class StageActivities(ClosingActivities):
             except VendorUnavailable as e:
                 await self._observe(inp, _unavailable(e))
                 raise
-            await self._observe(inp, Observation.ANOMALY if op.billing_off else _told(result))
+            if not op.observed:  # an ok its result's transaction did not already record
+                await self._observe(inp, Observation.ANOMALY if op.billing_off else _told(result))
             return result
         except AlreadyResolved:
             # The operation was resolved while this attempt worked (the task's end closed it, or another
@@ -165,6 +171,14 @@ class StageActivities(ClosingActivities):
             cross(await self._pause(inp.executor, e))
         except Exception as e:
             cross(e)
+
+    def _observing(self, route: str) -> tuple[str, timedelta] | None:
+        """A vendor route's name and how long its observations are kept (Operation.observing); None for
+        local work, which no breaker judges."""
+        spec = self.adapters.table.routes.get(route)
+        if spec is None or spec.adapter == AdapterKind.LOCAL:
+            return None
+        return route, 2 * timedelta(seconds=spec.breaker.policy().widest_s)
 
     async def _observe(self, inp: StageInput, what: Observation) -> None:
         """Tell the route's shared breaker what this call showed (never fails the attempt: the breaker is
@@ -222,7 +236,7 @@ class StageActivities(ClosingActivities):
                 return submitted
             job = submitted
         if job.status == JobStatus.RUNNING:
-            polled = await self._poll(op, adapter, inp, job)
+            polled = await self._poll(op, adapter, inp, job, attempt)
             if isinstance(polled, StoredEvent):
                 return polled
             job = polled
@@ -292,7 +306,13 @@ class StageActivities(ClosingActivities):
         attempt.accepted(job.id)
         mark("vendor_accepted", op=op.key, job=job.id)
         if job.status == JobStatus.RUNNING:
-            await op.progress(job.id, job.progress)
+            if _found_by_key(adapter):
+                # The job id is written with the first poll that finds the job still running, or with the
+                # result when it ends by then (one write fewer for a quick job); until then a crash loses
+                # nothing: the vendor deduplicates on the key and finds the job by it (reconcile).
+                attempt.unrecorded = job.id
+            else:
+                await op.progress(job.id, job.progress)
         return job
 
     async def _after_refusal(
@@ -357,7 +377,7 @@ class StageActivities(ClosingActivities):
         return url
 
     async def _poll(
-        self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob
+        self, op: Operation, adapter: VendorAdapter, inp: StageInput, job: VendorJob, attempt: _Attempt
     ) -> VendorJob | StoredEvent:
         """Poll until the job ends or stalls, heartbeating its id: a retry resumes it, never resubmits."""
         callback = adapter.route.callback
@@ -378,6 +398,9 @@ class StageActivities(ClosingActivities):
             if isinstance(got, StoredEvent):
                 return got
             job = got
+            if job.status == JobStatus.RUNNING and attempt.unrecorded is not None:
+                await op.progress(attempt.unrecorded, job.progress)  # not quick: on record from now on
+                attempt.unrecorded = None
         return job
 
     async def _await_callback(
@@ -454,6 +477,15 @@ def _told(result: StoredEvent) -> Observation:
     ):
         return Observation.ERROR
     return Observation.SETTLED
+
+
+def _found_by_key(adapter: VendorAdapter) -> bool:
+    """The vendor deduplicates on our key and finds a job by it at any age: a job id lost with its worker is
+    found again (reconcile), so it need not reach the ledger before the job's first poll. Not so for a route
+    that calls back (its wait may be long) or a vendor that keeps no key of ours."""
+    caps = adapter.capabilities
+    idempotent = mode_of(adapter.route, caps) == VendorMode.IDEMPOTENT
+    return idempotent and caps.can_lookup and adapter.route.callback is None
 
 
 def _unavailable(error: VendorUnavailable) -> Observation:

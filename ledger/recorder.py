@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import cache
 from typing import Any, Final
@@ -392,6 +392,7 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         fence_epoch: int | None = None,
         unless: str | None = None,
         human_capacity: int | None = None,
+        observed_ok: tuple[str, timedelta] | None = None,
     ) -> tuple[StoredEvent, bool]:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
 
@@ -408,7 +409,9 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         unlimited); the accounts are locked in the same order as for a settlement. With ``human_capacity``
         (a person's decision, not fenced) the same statement counts the project's open human requests and the
         event records the reading (``pressure``, rules.pressure): the work a decision unblocks is decided on
-        a reading as fresh as the decision.
+        a reading as fresh as the decision. With ``observed_ok=(route, keep)`` (an operation's result that
+        shows its route answered well) the route's ``ok`` observation is recorded in the same transaction, if
+        this call inserts the event (``ledger.routes.observe_ok``).
 
         Returns:
             ``(stored, True)`` if this call wrote it, ``(existing, False)`` if the dedup key was already there
@@ -471,6 +474,8 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
                     # Its route-month hold (a capped route), after the task's accounts: locked last.
                     result = is_result_key(event.dedup_key)
                     accounts.settle_route(conn, event.operation_key, to_spend, result=result)
+                    if observed_ok is not None:
+                        routes.observe_ok(conn, observed_ok[0], event.operation_key, observed_ok[1])
                 conn.commit()
                 return stored_event(inserted), True
             # The key exists (ON CONFLICT waited for its writer to commit, so this new snapshot sees it).

@@ -173,6 +173,19 @@ _PRUNE_OBSERVATIONS: Final = delete(route_observations).where(
     route_observations.c.route == bindparam("b_route"),
     route_observations.c.recorded_at < bindparam("b_before"),
 )
+
+
+def observe_ok(conn: Connection, route: str, key: str, keep: timedelta) -> None:
+    """An ``ok`` observation of ``route`` by operation ``key``, in the caller's transaction (the operation's
+    result: one commit for both). What ``observe`` does for an ok that is no probe's or canary's: the insert
+    alone (and every PRUNE_EVERY-th, the prune); the caller checks that it is neither."""
+    params = {"b_route": route, "b_kind": Observation.OK.value, "b_key": key, "b_window": keep}
+    _, now, seq, _ = conn.execute(_OBSERVE, params).one()
+    if seq % PRUNE_EVERY == 0:
+        before = now - max(RETAIN_OBSERVATIONS, keep)
+        conn.execute(_PRUNE_OBSERVATIONS, {"b_route": route, "b_before": before})
+
+
 _WINDOW: Final = text(
     "SELECT"
     " count(*) FILTER (WHERE kind IN ('ok', 'error', 'timeout', 'anomaly') AND recorded_at > :now - :calls),"

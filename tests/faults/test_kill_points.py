@@ -76,8 +76,9 @@ async def test_kill_after_vendor_accept_before_progress(rig, sim):
 
 
 async def test_kill_while_polling(rig, sim):
-    """Killed mid-poll of a running job: recovery resumes polling the same job (job id from the record)."""
-    plan, op, w1, held, seen = await freeze_at(rig, sim, "polling", latency=2.0)
+    """Killed mid-poll of a running job: recovery resumes polling the same job (job id from the record, where
+    the first poll that found the job still running wrote it)."""
+    plan, op, w1, held, seen = await freeze_at(rig, sim, "progress_recorded", latency=2.0)
     progress = [e for e in seen if e.operation_key == op and e.type == "Progress"]
     assert [p.payload["job_id"] for p in progress] == [held.fields["job"]]
     assert (await vendor_job(sim, held.fields["job"]))["status"] == "running"
