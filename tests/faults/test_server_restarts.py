@@ -169,7 +169,8 @@ async def test_postgres_down_longer_than_the_stage_retry_budget(own_ledger, sim)
     op = op_key(plan.task_id, "shot")
     worker = await rig.spawn()
     await rig.start(plan)
-    polling = await worker.wait_for("polling", op, timeout=30)
+    # The job id reaches the ledger with the first poll that finds the job still running.
+    polling = await worker.wait_for("progress_recorded", op, timeout=30)
     seen = rig.events(plan.task_id)
     assert [e.payload["job_id"] for e in seen if e.type == "Progress"] == [polling.fields["job"]]
     await own_ledger.kill()

@@ -117,11 +117,14 @@ def owner(pg_url: str) -> Iterator[sa.Engine]:
 
 def seed_with_every_habit(task_id: str, habits: WebhookHabits) -> int:
     """A simulator seed under which this task's 19 motion predictions draw each misbehaviour at least once
-    (each prediction's fate is drawn from the seed and its OperationKey): the test never depends on luck."""
+    (each prediction's fate is drawn from the seed and its OperationKey): the test never depends on luck. A
+    replay is a genuine delivery sent twice: a forged one sent twice is refused as forged both times (seen: a
+    task id whose only duplicates were forgeries, no "replayed" verdict to find)."""
     keys = [operation_key(task_id, f"motion/S{i:02d}", 1) for i in range(1, 20)]
     for seed in range(10_000):
         fates = [WebhookFate.for_prediction(seed, key, 0, habits) for key in keys]
-        if all(any(getattr(f, habit) for f in fates) for habit in ("duplicate", "forge", "early")):
+        replayed = any(f.duplicate and not f.forge for f in fates)
+        if replayed and all(any(getattr(f, habit) for f in fates) for habit in ("forge", "early")):
             return seed
     raise AssertionError("no seed draws every habit")
 
