@@ -47,6 +47,7 @@ example: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.decide
 	$(BIN)/python -m bench.compare
+	$(BIN)/python -m bench.ledger
 
 # One very wide task end to end (bench/scale.py): 2,002 nodes within 120 s; 10,002 nodes with exact money,
 # continuing as new along the way.
@@ -59,7 +60,7 @@ bench-10k: $(STAMP)
 # 1,000 tasks of a 20-stage plan on 4 workers: every task completes, money exact; the run's figures.
 soak: $(STAMP)
 	$(BIN)/ledgerflow soak --tasks 1000 --workers 4 --plan examples/soak_20_stages.yaml \
-		--sim examples/simulator_soak.json --require-complete
+		--sim examples/simulator_soak.json --hero-share 0.1 --require-complete
 
 # The crash drill with every unkind vendor habit on, once per vendor mode (long: not part of `make test`).
 drill: $(STAMP)

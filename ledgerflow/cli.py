@@ -553,9 +553,13 @@ def soak(
     require_complete: Annotated[
         bool, typer.Option("--require-complete", help="exit 1 unless every task completed")
     ] = False,
+    hero_share: Annotated[
+        float, typer.Option("--hero-share", min=0, max=1, help="share of the tasks run with priority: hero")
+    ] = 0.0,
 ) -> None:
     """Run many copies of a plan under the simulator's failure rates: verdicts, end states, money checks,
-    and the run's figures (throughput, dispatch hops, CPU and memory, database connections)."""
+    and the run's figures (throughput, dispatch hops, task durations and finishing order, CPU and memory,
+    database connections)."""
     from ledgerflow.runs.soak import run_soak
 
     profile = None
@@ -567,7 +571,15 @@ def soak(
 
             raise PlanError(f"simulator profile {sim} is not JSON: {e.msg} at line {e.lineno}") from None
     report = asyncio.run(
-        run_soak(get_settings(), _read(plan), tasks, profile, workers=workers, timeout=timeout)
+        run_soak(
+            get_settings(),
+            _read(plan),
+            tasks,
+            profile,
+            workers=workers,
+            timeout=timeout,
+            hero_share=hero_share,
+        )
     )
     out.print(report.table())
     if not report.clean or (require_complete and not report.all_completed):

@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -137,6 +138,7 @@ with workflow.unsafe.imports_passed_through():
         UI_STATES,
         UI_STORY,
         UNDO_BUDGET,
+        slot_priority,
     )
 
 # What the ledger's local activities return (all but open_task): the events after the caller's watermark.
@@ -759,7 +761,9 @@ class TaskWorkflow:
                 undo=isinstance(action, Compensate),
                 **only,
             )
-            self._start(action.operation_key, action.node, executor_activity(action.executor), inp)
+            self._start(
+                action.operation_key, action.node, executor_activity(action.executor), inp, self._slot(p)
+            )
         elif isinstance(action, StaticGate):
             gate = GateInput(
                 task_id=p.task_id,
@@ -768,7 +772,7 @@ class TaskWorkflow:
                 input_version=action.input_version,
                 epoch=self._epoch,
             )
-            self._start(action.operation_key, action.node, Activity.GATE_RUN, gate)
+            self._start(action.operation_key, action.node, Activity.GATE_RUN, gate, self._slot(p))
 
     def _dispatch_only(self, p: Projection, action: Dispatch) -> dict[str, Any]:
         """What a dispatch's executor gets beyond a compensation's: the node's bounds, reuse, the INTENT to
@@ -784,11 +788,20 @@ class TaskWorkflow:
             "deadline": self._ceiling_at,
         }
 
-    def _start(self, op_key: str, node: str, activity: str, arg: StageInput | GateInput) -> None:
-        self._started.add(op_key)
-        self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg))
+    def _slot(self, p: Projection) -> Priority:
+        """Where this task's activities queue for the workers' slots (policies.slot_priority)."""
+        done = 1 - sum(p.unfinished.values()) / max(len(p.nodes), 1)
+        return Priority(priority_key=slot_priority(p.plan.priority, done))
 
-    async def _execute(self, op_key: str, node: str, activity: str, arg: StageInput | GateInput) -> None:
+    def _start(
+        self, op_key: str, node: str, activity: str, arg: StageInput | GateInput, priority: Priority
+    ) -> None:
+        self._started.add(op_key)
+        self._running[op_key] = asyncio.create_task(self._execute(op_key, node, activity, arg, priority))
+
+    async def _execute(
+        self, op_key: str, node: str, activity: str, arg: StageInput | GateInput, priority: Priority
+    ) -> None:
         """Run one executor activity; its ledger writes are the result, its return only wakes the loop."""
         try:
             # The Temporal UI names each activity by its node and attempt (``motion/S07 a2``).
@@ -807,6 +820,7 @@ class TaskWorkflow:
                 # worker's attempt is retried within this timeout, and a cancellation reaches the executor.
                 heartbeat_timeout=self._heartbeat_timeout,
                 retry_policy=STAGE_RETRY,
+                priority=priority,
             )
             result = await handle
             # The operation's rows, INTENT to result (an executor that wrote the INTENT), or just its result.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -84,6 +85,9 @@ class SoakReport:
     hops: list[float] = field(
         default_factory=list
     )  # seconds, a node's completion -> its dependent's dispatch
+    heroes: set[str] = field(default_factory=set)  # the tasks run with priority: hero
+    # Per task, in start order: its first and last event's time on the ledger's clock (None: not ended).
+    spans: list[tuple[str, datetime, datetime | None]] = field(default_factory=list)
     wall_seconds: float = 0.0
     resources: Resources = field(default_factory=Resources)
 
@@ -98,6 +102,33 @@ class SoakReport:
 
     def hop(self, q: float) -> float | None:
         return percentile(self.hops, q)
+
+    def durations(self, heroes: bool) -> list[float]:
+        """Seconds from each ended task's first event to its last, of the hero tasks or the others."""
+        return [
+            (end - start).total_seconds()
+            for tid, start, end in self.spans
+            if end is not None and (tid in self.heroes) == heroes
+        ]
+
+    def first_done(self) -> float | None:
+        """Seconds from the run's first task's start to its first task's end."""
+        ends = [end for _, _, end in self.spans if end is not None]
+        return (min(ends) - min(s for _, s, _ in self.spans)).total_seconds() if ends else None
+
+    def order(self) -> float | None:
+        """Spearman's rank correlation of the tasks' start order with their finishing order (1: they finish
+        in the order they started; 0: no relation)."""
+        ended = [(start, end) for _, start, end in self.spans if end is not None]
+        n = len(ended)
+        if n < 3:
+            return None
+        by_start = sorted(range(n), key=lambda i: ended[i][0])
+        by_end = sorted(range(n), key=lambda i: ended[i][1])
+        start_rank = {i: r for r, i in enumerate(by_start)}
+        end_rank = {i: r for r, i in enumerate(by_end)}
+        d2 = sum((start_rank[i] - end_rank[i]) ** 2 for i in range(n))
+        return 1 - 6 * d2 / (n * (n * n - 1))
 
     def table(self) -> Table:
         def counts(c: Counter[Any]) -> str:
@@ -122,10 +153,24 @@ class SoakReport:
         t.add_row("ledger − vendor total", f"{self.ledger_total} − {self.vendor_total}")
         minutes = self.wall_seconds / 60
         t.add_row("wall time", f"{self.wall_seconds:.1f} s ({self.tasks / minutes:.1f} tasks/min)")
+        p50, p95 = self.hop(0.50), self.hop(0.95)
+        ratio = f", p95 = {p95 / p50:.1f} × p50" if p50 and p95 is not None else ""
         t.add_row(
             "completion → dependent's dispatch",
-            f"p50 {ms(self.hop(0.50))}, p95 {ms(self.hop(0.95))} ({len(self.hops)} hops)",
+            f"p50 {ms(p50)}, p95 {ms(p95)} ({len(self.hops)} hops{ratio})",
         )
+
+        def median(values: list[float]) -> str:
+            found = percentile(values, 0.5)
+            return "—" if found is None else f"{found:.1f} s ({len(values)} tasks)"
+
+        first = self.first_done()
+        t.add_row("time to the first completed task", "—" if first is None else f"{first:.1f} s")
+        t.add_row("median task duration, standard", median(self.durations(heroes=False)))
+        if self.heroes:
+            t.add_row("median task duration, hero", median(self.durations(heroes=True)))
+        order = self.order()
+        t.add_row("finishing order vs start order", "—" if order is None else f"Spearman ρ {order:.2f}")
         if self.tasks:
             t.add_row(
                 "CPU per task",
@@ -202,6 +247,7 @@ async def run_soak(
     *,
     workers: int = 1,
     timeout: float = 3600.0,
+    hero_share: float = 0.0,
 ) -> SoakReport:
     info = stack.up(settings, workers=workers)
     settings = Settings()  # the stack's addresses now live in stack.json
@@ -220,7 +266,10 @@ async def run_soak(
     sampling = asyncio.create_task(sampler.run())
     loop = asyncio.get_running_loop()
     started = loop.time()
-    handles = await _start_all(client, settings, plan_text, task_ids, project)
+    # Every k-th task is a hero (k = 1 / hero_share): spread over the start order, not the first ones.
+    every = round(1 / hero_share) if hero_share > 0 else 0
+    heroes = {tid for n, tid in enumerate(task_ids) if every and n % every == every - 1}
+    handles = await _start_all(client, settings, plan_text, task_ids, project, heroes)
     deadline = started + timeout
     while await _settled(client, project) < tasks and loop.time() < deadline:
         await asyncio.sleep(2.0)  # what is still running at the deadline is reported as it stands
@@ -236,6 +285,7 @@ async def run_soak(
                 with contextlib.suppress(RPCError):  # it may have ended on its own meanwhile
                     await h.terminate("soak run over: nobody is there to answer")
         report = tally(rec, task_ids, str(info["vendor_url"]))
+        report.heroes = heroes
     finally:
         rec.dispose()
     report.wall_seconds, report.workers, report.resources = wall, workers, resources
@@ -243,7 +293,12 @@ async def run_soak(
 
 
 async def _start_all(
-    client: Client, settings: Settings, plan_text: str, task_ids: list[str], project: str
+    client: Client,
+    settings: Settings,
+    plan_text: str,
+    task_ids: list[str],
+    project: str,
+    heroes: Collection[str] = (),
 ) -> list[WorkflowHandle[Any, Any]]:
     """Start every task, a few dozen starts in flight at once. The project is a search attribute from the
     start, so the progress count sees a task that ends before its first upsert."""
@@ -253,6 +308,8 @@ async def _start_all(
         plan = lf.parse_plan(plan_text, tid)
         # Its own project, so a soak run never spends a real project's budget (nor is stopped by it).
         plan = plan.model_copy(update={"goal": f"{plan.goal} (take {n})", "project": project})
+        if tid in heroes:
+            plan = plan.model_copy(update={"priority": "hero"})
         async with gate:
             return await client.start_workflow(
                 TaskWorkflow.run,
@@ -309,6 +366,9 @@ def tally(rec: Recorder, task_ids: list[str], vendor_url: str) -> SoakReport:
         report.rework_rounds[p.rework_rounds] += 1
         report.repaired += p.rework_rounds > 0 and p.state.value == "Completed"
         report.hops += hops(p.graph, events)
+        if events:
+            ended = events[-1].recorded_at if p.terminal else None
+            report.spans.append((tid, events[0].recorded_at, ended))
     return report
 
 
