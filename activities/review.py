@@ -30,6 +30,7 @@ from activities.llm import ChatClient, ChatReply, LlmRefused, cached_reply, repl
 from activities.operation import Heartbeat, Operation, recorded
 from activities.outputs import probed
 from artifacts.store import ArtifactError, ArtifactStore, sha256_of
+from ledger import txcount
 from ledger.recorder import Recorder
 from media import MediaInvalid, probe
 from reconcile.operations import OperationState
@@ -205,9 +206,10 @@ class ReviewActivities:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
         op = self._operation(inp, inp.estimate)
         # A retry after the verdict was recorded returns it: the judgement is never paid for twice.
-        return await recorded(
-            self.recorder, inp, lambda: op.run(lambda state, beat: self._review(op, state, inp, beat))
-        )
+        with txcount.labelled("node"):  # a paid node's own ledger writes (make bench counts them)
+            return await recorded(
+                self.recorder, inp, lambda: op.run(lambda state, beat: self._review(op, state, inp, beat))
+            )
 
     async def _review(
         self, op: Operation, state: OperationState, inp: StageInput, beat: Heartbeat

@@ -33,6 +33,7 @@ from activities.contracts import Activity, StageInput
 from activities.operation import Heartbeat, Operation, heartbeating, routed
 from activities.outputs import cancel
 from artifacts.store import ArtifactStore
+from ledger import txcount
 from ledger.errors import AlreadyResolved
 from ledger.recorder import Recorder, Routing
 from reconcile.operations import Next, OperationState, after_lookup, reconcile
@@ -99,9 +100,10 @@ class StageActivities(ClosingActivities):
         """Write the dispatch's INTENT (where the workflow left it to the executor), then run (or resume) the
         attempt; returns the operation's rows (or, for an INTENT the workflow wrote, its resolution)."""
         capacity = self.human_capacity or None  # 0: backpressure off, nothing read
-        return await routed(
-            self.recorder, inp, lambda route: self._run(inp, route), self._routing(inp), capacity
-        )
+        with txcount.labelled("node"):  # a paid node's own ledger writes (make bench counts them)
+            return await routed(
+                self.recorder, inp, lambda route: self._run(inp, route), self._routing(inp), capacity
+            )
 
     def _routing(self, inp: StageInput) -> Routing | None:
         """A vendor route's dispatch is routed (its breaker, its fallbacks); local work is not."""

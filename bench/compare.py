@@ -209,6 +209,7 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
             }
             cpu: dict[str, dict[str, float]] = {k: dict.fromkeys(pids, 0.0) for k in contenders}
             tx: dict[str, txcount.Counts] = dict.fromkeys(contenders, txcount.Counts())
+            node_tx: dict[str, txcount.Counts] = dict.fromkeys(contenders, txcount.Counts())
             lat: dict[str, list[float]] = {k: [] for k in contenders}
             thr: dict[str, list[float]] = {k: [] for k in contenders}
             ids: dict[str, list[str]] = {k: [] for k in contenders}
@@ -216,10 +217,15 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
                 for name, fn in contenders.items():
                     lat[name].append(await latency(fn, n_latency, ids[name]))
                 for name, fn in contenders.items():
-                    before, counted = cpu_seconds(pids), txcount.snapshot()
+                    before, counted, by_nodes = (
+                        cpu_seconds(pids),
+                        txcount.snapshot(),
+                        txcount.snapshot("node"),
+                    )
                     thr[name].append(await throughput(fn, n_throughput))
                     after = cpu_seconds(pids)
                     tx[name] = tx[name] + (txcount.snapshot() - counted)
+                    node_tx[name] = node_tx[name] + (txcount.snapshot("node") - by_nodes)
                     for proc_name in pids:
                         cpu[name][proc_name] += (after[proc_name] - before[proc_name]) / (n_throughput * reps)
                 print(
@@ -255,13 +261,14 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
     writes_per_node = float("nan")
     if "ledgerflow" in tx:
         runs = n_throughput * reps
-        t = tx["ledgerflow"]
-        writes_per_node = t.writes / runs / paid
+        t, nt = tx["ledgerflow"], node_tx["ledgerflow"]
+        writes_per_node = nt.writes / runs / paid
         print(
             f"\nledger transactions per ledgerflow task (recorder's counts, throughput runs): "
             f"{t.writes / runs:.1f} writes, {t.reads / runs:.1f} reads, "
-            f"{t.rollbacks / runs:.2f} rolled back; "
-            f"{writes_per_node:.2f} writes per paid node ({paid} paid nodes, task overhead included)"
+            f"{t.rollbacks / runs:.2f} rolled back; of them the paid nodes' own executors "
+            f"{nt.writes / runs:.1f} writes and {nt.reads / runs:.1f} reads = {writes_per_node:.2f} writes "
+            f"per paid node ({paid} paid nodes); with the task's own writes {t.writes / runs / paid:.2f}"
         )
     print(f"\nTemporal history per workflow (last {len(next(iter(shapes.values())))} sequential runs):")
     print(f"{'':12} {'events':>7} {'per node':>9} {'hop p50 ms':>11} {'hop p95 ms':>11}")

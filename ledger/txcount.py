@@ -12,18 +12,24 @@ subtract, as with any counter). Three kinds:
 * ``rollbacks``: transactions that wrote and were rolled back (a stale epoch, an already-resolved operation).
 
 The statement's text tells a write (``INSERT INTO``, ``UPDATE … SET``, ``DELETE FROM``, also inside a CTE);
-``SELECT … FOR UPDATE`` is a read.
+``SELECT … FOR UPDATE`` is a read. A caller may label what runs in its context (``labelled("node")``: a paid
+node's executor), so the bench tells a node's own writes from its task's (``snapshot("node")``); the label
+follows ``asyncio.to_thread`` into the recorder's threads (it copies the context).
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, event
 
+_LABEL: ContextVar[str] = ContextVar("ledgerflow_txcount_label", default="")
 _WRITE = re.compile(r"\bINSERT\s+INTO\b|\bUPDATE\s+\S+\s+SET\b|\bDELETE\s+FROM\b", re.IGNORECASE)
 
 
@@ -48,22 +54,24 @@ class Counter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = Counts()
+        self._counts: dict[str, Counts] = {}  # by label ("": unlabelled)
         self._watched: set[int] = set()
         self._flag = f"ledgerflow_wrote_{id(self)}"  # on the connection's info: this transaction has written
 
     def add(self, **delta: int) -> None:
+        label = _LABEL.get()
         with self._lock:
-            c = self._counts
-            self._counts = Counts(
-                c.writes + delta.get("writes", 0),
-                c.reads + delta.get("reads", 0),
-                c.rollbacks + delta.get("rollbacks", 0),
-            )
+            self._counts[label] = self._counts.get(label, Counts()) + Counts(**delta)
 
-    def snapshot(self) -> Counts:
+    def snapshot(self, label: str | None = None) -> Counts:
+        """Every transaction so far, or only those run under ``label``."""
         with self._lock:
-            return self._counts
+            if label is not None:
+                return self._counts.get(label, Counts())
+            total = Counts()
+            for counts in self._counts.values():
+                total = total + counts
+            return total
 
     def watch(self, engine: Engine) -> None:
         with self._lock:
@@ -102,6 +110,16 @@ def watch(engine: Engine) -> None:
     _COUNTER.watch(engine)
 
 
-def snapshot() -> Counts:
-    """The process's ledger transactions so far."""
-    return _COUNTER.snapshot()
+def snapshot(label: str | None = None) -> Counts:
+    """The process's ledger transactions so far (only those run under ``label``, if given)."""
+    return _COUNTER.snapshot(label)
+
+
+@contextmanager
+def labelled(label: str) -> Iterator[None]:
+    """Count the transactions run in this context (and the threads it hands work to) under ``label``."""
+    token = _LABEL.set(label)
+    try:
+        yield
+    finally:
+        _LABEL.reset(token)

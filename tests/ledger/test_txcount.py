@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -47,3 +48,16 @@ def test_a_select_for_update_is_not_a_write() -> None:
     assert _WRITE.search("WITH r AS (UPDATE task_leases SET next_seq = 2) SELECT 1")
     assert _WRITE.search("insert into events (seq) values (1)")
     assert _WRITE.search("DELETE FROM route_observations WHERE at < now()")
+
+
+async def test_a_label_follows_the_work_into_the_recorders_threads(
+    counted: tuple[Recorder, txcount.Counter],
+) -> None:
+    rec, counter = counted
+    task = f"tx-{uuid.uuid4().hex[:8]}"
+    with txcount.labelled("node"):
+        await asyncio.to_thread(rec.take_lease, task, "run-1")
+    await asyncio.to_thread(rec.read_events, task)
+    assert counter.snapshot("node") == txcount.Counts(writes=1)
+    assert counter.snapshot("") == txcount.Counts(reads=1)
+    assert counter.snapshot() == txcount.Counts(writes=1, reads=1)
