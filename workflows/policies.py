@@ -111,6 +111,11 @@ REMAKE_ASKS = "remake-asks-v1"
 # Asked at the run's start, right after REMAKE_ASKS.
 UI_STATES = "ui-states-v1"
 UI_SPEND_EVERY = timedelta(seconds=60)
+# A run recorded with this marker takes STEADY_PATCHES, REMAKE_ASKS and UI_STATES at once. Each version check
+# costs a run two history events (the marker, and the TemporalChangeVersion search attribute the SDK upserts
+# with it): a new run asks this one first and records one marker instead of three; a run recorded before finds
+# none of it and asks the three as it did. A later version is asked after it, and folded into a V3 likewise.
+STEADY_PATCHES_V2 = "steady-patches-v2"
 
 
 def slot_priority(priority: str, done: float) -> int:

@@ -133,6 +133,7 @@ with workflow.unsafe.imports_passed_through():
         REMAKE_ASKS,
         STAGE_RETRY,
         STEADY_PATCHES,
+        STEADY_PATCHES_V2,
         SUGGESTION_MIN_GROWTH,
         UI_SPEND_EVERY,
         UI_STATES,
@@ -260,10 +261,14 @@ class TaskWorkflow:
         # Taken first, at a point every replay reaches the same way: a run recorded with this marker answers
         # every later version check at once (``_has``), so none depends on when a person's Update or signal
         # was delivered — which a replay may place one workflow task apart from the original run.
-        self._current = workflow.patched(STEADY_PATCHES)
-        # Versions after STEADY_PATCHES are asked here too, eagerly, in a fixed order (policies.py).
-        self._table = (decide, RULES_VERSION) if workflow.patched(REMAKE_ASKS) else (table(8), 8)
-        self._ui_states = workflow.patched(UI_STATES)
+        if workflow.patched(STEADY_PATCHES_V2):  # every version below at once: one marker, not three
+            self._current, remake, self._ui_states = True, True, True
+        else:
+            self._current = workflow.patched(STEADY_PATCHES)
+            # Versions after STEADY_PATCHES are asked here too, eagerly, in a fixed order (policies.py).
+            remake = workflow.patched(REMAKE_ASKS)
+            self._ui_states = workflow.patched(UI_STATES)
+        self._table = (decide, RULES_VERSION) if remake else (table(8), 8)
         opening = OpenTaskInput(
             task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id, limit=LEDGER_PAGE
         )

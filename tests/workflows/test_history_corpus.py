@@ -41,6 +41,10 @@ REQUIRED = {
     # remake-asks-v1 patch), and made again only once a person approved the cost (table 9)
     "test_a_deleted_input_the_vendor_purged_is_recorded_lost_and_made_again",
     "test_a_deleted_input_the_vendor_purged_is_made_again_only_once_a_person_approves_the_cost",
+    # v8: one version marker for three (steady-patches-v2), search attributes at state changes only
+    # (ui-states-v1), activities queued by the task's slot priority; a hero task and E001 on it
+    "test_activities_carry_their_tasks_place_in_the_queue-2",
+    "test_e001_video_pipeline_completes_with_ledger_equal_to_vendor-steady-v2",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 
