@@ -22,6 +22,7 @@ from runtime.signing import ApproverKey, demo_public_keys
 from runtime.temporal_config import connect_options
 from vendors.routes import deployment_table
 from workflows.contracts import TaskInput, TaskResult, workflow_id
+from workflows.policies import start_priority
 from workflows.task import TaskWorkflow
 
 
@@ -93,6 +94,7 @@ async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = F
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             static_summary=plan.goal[:200],
+            priority=start_priority(plan.priority),
         )
     except WorkflowAlreadyStartedError:
         raise ClientError(
@@ -132,6 +134,7 @@ async def resume(settings: Settings, task_id: str, *, wait: bool = False) -> dic
         # same task id is what takeover means. A running one is refused above and by the conflict policy.
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        priority=start_priority(plan.priority),
     )
     return await _outcome(new, task_id, wait)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 
 from activities.contracts import EXECUTOR_NON_RETRYABLE, LEDGER_NON_RETRYABLE, ErrorType
 
@@ -127,3 +127,10 @@ def slot_priority(priority: str, done: float) -> int:
         return 1
     base = 4 if priority == "background" else 2
     return base if done >= 0.5 else base + 1
+
+
+def start_priority(priority: str) -> Priority:
+    """A task's workflow started with its place in the queues: its workflow tasks queue by it too (a
+    thousand tasks' decisions compete for the workers as their activities do), and it is where its activities
+    start before any node is done."""
+    return Priority(priority_key=slot_priority(priority, 0.0))

@@ -46,6 +46,7 @@ from rules.projection import fold
 from rules.table import ENDING_RULES, RULES
 from runtime.settings import Settings
 from workflows.contracts import PROJECT, STATE, TaskInput, workflow_id
+from workflows.policies import start_priority
 from workflows.task import TaskWorkflow
 
 SETTLED = frozenset({"Completed", "Failed", "Escalated"})
@@ -317,6 +318,7 @@ async def _start_all(
                 id=workflow_id(tid),
                 task_queue=settings.task_queue,
                 search_attributes=TypedSearchAttributes([SearchAttributePair(PROJECT, project)]),
+                priority=start_priority(plan.priority),
             )
 
     return list(await asyncio.gather(*(start(n, tid) for n, tid in enumerate(task_ids))))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from temporalio.api.enums.v1 import EventType
 
-from workflows.policies import slot_priority
+from workflows.policies import slot_priority, start_priority
 
 PLAN = """
 goal: four stages in a chain
@@ -31,6 +31,8 @@ def test_hero_first_then_the_tasks_further_along_then_the_rest() -> None:
     ]
     assert order == sorted(order) and len(set(order)) == 5, order
     assert slot_priority("hero", 0.9) == 1 and all(1 <= k <= 5 for k in order)
+    # A workflow starts where its first activities will queue: its workflow tasks queue by it too.
+    assert [start_priority(p).priority_key for p in ("hero", "standard", "background")] == [1, 3, 5]
 
 
 async def priorities(lf, priority: str) -> list[tuple[str, int]]:
