@@ -30,7 +30,6 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Final
 
@@ -65,7 +64,7 @@ from rules.keys import (
 )
 from rules.money import VendorAmount
 from rules.operation import fold_operation
-from rules.routing import RouteHealth
+from rules.routing import BreakerPolicy, RouteHealth
 from runtime import logs, telemetry
 from runtime.faults import mark
 
@@ -106,10 +105,10 @@ class Operation:
         # Set when this attempt's own job was billed far above the route's own declared price: the route's
         # breaker counts the call as a failed one (once per task and breaker window: ``RouteStore.observe``).
         self.billing_off = False
-        # Set by an executor whose calls its route's breaker judges: ``(route, keep)`` — an Outcome that shows
-        # the route answered well records the route's ``ok`` observation in the result's own transaction
-        # (``observed``: it did), not in one more of its own.
-        self.observing: tuple[str, timedelta] | None = None
+        # Set by an executor whose calls its route's breaker judges: ``(route, its breaker policy)``. An
+        # Outcome that shows the route answered well records the route's ``ok`` observation in the result's
+        # own transaction (``observed``: it did), not in one more of its own.
+        self.observing: tuple[str, BreakerPolicy] | None = None
         self.observed = False
         bind(task_id, node, key, epoch, route)
 
@@ -175,7 +174,7 @@ class Operation:
         fenced: bool = False,
         unless_resolved: bool = False,
         span_name: str = "ledger.append",
-        observed_ok: tuple[str, timedelta] | None = None,
+        observed_ok: tuple[str, BreakerPolicy] | None = None,
     ) -> tuple[StoredEvent, bool]:
         """An idempotent append (first write of its key wins); ``fenced``: only under this run's epoch;
         ``unless_resolved``: only while the operation has no result (AlreadyResolved otherwise)."""
@@ -347,7 +346,7 @@ class Operation:
             activity.logger.info("result already recorded: %s stands", _result_name(stored))
         return stored
 
-    def _observed_ok(self, event: object) -> tuple[str, timedelta] | None:
+    def _observed_ok(self, event: object) -> tuple[str, BreakerPolicy] | None:
         """``observing`` where this result is an ok its breaker only counts: an Outcome billed as the route
         prices it, of an operation that is neither its route's probe nor its canary (those move the breaker:
         ``RouteStore.observe``, in a transaction of its own). The probe and canary claims are made by the

@@ -20,7 +20,6 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -41,7 +40,7 @@ from reconcile.watchdog import StallWatch
 from rules.envelope import StoredEvent
 from rules.events import FailureKind
 from rules.inputs import refs
-from rules.routing import BreakerState, Observation, convert
+from rules.routing import BreakerPolicy, BreakerState, Observation, convert
 from runtime.faults import mark
 from vendors.adapter import JobStatus, Sent, VendorAdapter, VendorJob, job_amount, mode_of
 from vendors.errors import (
@@ -134,7 +133,8 @@ class StageActivities(ClosingActivities):
             spec = self.adapters.table.route(route)
             inp = inp.model_copy(update={"executor": route, "input": convert(inp.input, spec.convert)})
         op = self._operation(inp, inp.executor)
-        op.observing = self._observing(inp.executor)
+        if (policy := self._policy(inp.executor)) is not None:
+            op.observing = (inp.executor, policy)
         attempt = _Attempt()
         try:
             adapter = self.adapters.get(inp.executor)  # a span per vendor call (vendors.traced)
@@ -174,21 +174,19 @@ class StageActivities(ClosingActivities):
         except Exception as e:
             cross(e)
 
-    def _observing(self, route: str) -> tuple[str, timedelta] | None:
-        """A vendor route's name and how long its observations are kept (Operation.observing); None for
-        local work, which no breaker judges."""
+    def _policy(self, route: str) -> BreakerPolicy | None:
+        """The breaker policy that judges ``route``'s calls; None for local work, which no breaker judges."""
         spec = self.adapters.table.routes.get(route)
         if spec is None or spec.adapter == AdapterKind.LOCAL:
             return None
-        return route, 2 * timedelta(seconds=spec.breaker.policy().widest_s)
+        return spec.breaker.policy()
 
     async def _observe(self, inp: StageInput, what: Observation) -> None:
         """Tell the route's shared breaker what this call showed (never fails the attempt: the breaker is
         advice for the next dispatches, the operation's own record is already written)."""
-        spec = self.adapters.table.routes.get(inp.executor)
-        if spec is None or spec.adapter == AdapterKind.LOCAL:
+        policy = self._policy(inp.executor)
+        if policy is None:
             return
-        policy = spec.breaker.policy()
         try:
             change = await asyncio.to_thread(
                 self.recorder.observe, inp.executor, what, inp.operation_key, policy

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from functools import cache
 from typing import Any, Final
@@ -53,7 +53,7 @@ from rules import scopes
 from rules.envelope import NewEvent, StoredEvent
 from rules.keys import is_result_key
 from rules.pressure import Reading
-from rules.routing import RouteHealth
+from rules.routing import BreakerPolicy, RouteHealth
 
 # The stores' types are imported from here too: their callers need not know which store holds them.
 __all__ = ["PRUNE_EVERY", "Account", "OperationView", "Recorder", "RouteState", "Routing"]
@@ -392,7 +392,7 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         fence_epoch: int | None = None,
         unless: str | None = None,
         human_capacity: int | None = None,
-        observed_ok: tuple[str, timedelta] | None = None,
+        observed_ok: tuple[str, BreakerPolicy] | None = None,
     ) -> tuple[StoredEvent, bool]:
         """Append ``event`` unless its dedup key is already stored: the first write wins.
 
@@ -409,7 +409,7 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         unlimited); the accounts are locked in the same order as for a settlement. With ``human_capacity``
         (a person's decision, not fenced) the same statement counts the project's open human requests and the
         event records the reading (``pressure``, rules.pressure): the work a decision unblocks is decided on
-        a reading as fresh as the decision. With ``observed_ok=(route, keep)`` (an operation's result that
+        a reading as fresh as the decision. With ``observed_ok=(route, policy)`` (an operation's result that
         shows its route answered well) the route's ``ok`` observation is recorded in the same transaction, if
         this call inserts the event (``ledger.routes.observe_ok``).
 

@@ -175,15 +175,30 @@ _PRUNE_OBSERVATIONS: Final = delete(route_observations).where(
 )
 
 
-def observe_ok(conn: Connection, route: str, key: str, keep: timedelta) -> None:
+def _insert_observation(
+    conn: Connection, route: str, what: Observation, key: str | None, policy: BreakerPolicy
+) -> tuple[Any, datetime, Observation]:
+    """One observation row (and, every PRUNE_EVERY-th, the prune of the route's rows no window reads any
+    more); the route's breaker row as the insert read it, the database's clock, and the kind recorded (a
+    task's anomaly already counted in the window is recorded as ok)."""
+    params = {
+        "b_route": route,
+        "b_kind": what.value,
+        "b_key": key,
+        "b_window": timedelta(seconds=policy.window_s),
+    }
+    row, now, seq, kind = conn.execute(_OBSERVE, params).one()
+    if seq % PRUNE_EVERY == 0:
+        keep = max(RETAIN_OBSERVATIONS, 2 * timedelta(seconds=policy.widest_s))
+        conn.execute(_PRUNE_OBSERVATIONS, {"b_route": route, "b_before": now - keep})
+    return row, now, Observation(kind)
+
+
+def observe_ok(conn: Connection, route: str, key: str, policy: BreakerPolicy) -> None:
     """An ``ok`` observation of ``route`` by operation ``key``, in the caller's transaction (the operation's
     result: one commit for both). What ``observe`` does for an ok that is no probe's or canary's: the insert
-    alone (and every PRUNE_EVERY-th, the prune); the caller checks that it is neither."""
-    params = {"b_route": route, "b_kind": Observation.OK.value, "b_key": key, "b_window": keep}
-    _, now, seq, _ = conn.execute(_OBSERVE, params).one()
-    if seq % PRUNE_EVERY == 0:
-        before = now - max(RETAIN_OBSERVATIONS, keep)
-        conn.execute(_PRUNE_OBSERVATIONS, {"b_route": route, "b_before": before})
+    alone; the caller checks that it is neither."""
+    _insert_observation(conn, route, Observation.OK, key, policy)
 
 
 _WINDOW: Final = text(
@@ -413,7 +428,6 @@ class RouteStore:
         that calls for it (a failure rate reached, a probe's or canary's result); returns the change logged
         (``opened``, ``closed``, ``canary_passed`` …) or None. Most observations are one statement."""
         with translated(), self._engine.begin() as conn:
-            window_s = timedelta(seconds=policy.window_s)
             if what == Observation.ANOMALY and key is not None:
                 # One task's anomalies on a route are taken one at a time: the insert sees any before it.
                 conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-anomaly:{route}:{key.split(':', 1)[0]}"})
@@ -422,13 +436,7 @@ class RouteStore:
                 # uncommitted row, would each count one and neither open a breaker two of them should (seen:
                 # two tasks' simultaneous overcharges, 2 failures of 4 calls, the breaker still closed).
                 conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-failures:{route}"})
-            row, now, seq, kind = conn.execute(
-                _OBSERVE, {"b_route": route, "b_kind": what.value, "b_key": key, "b_window": window_s}
-            ).one()
-            what = Observation(kind)  # a task's anomaly already counted in the window is recorded as ok
-            if seq % PRUNE_EVERY == 0:
-                keep = max(RETAIN_OBSERVATIONS, 2 * timedelta(seconds=policy.widest_s))
-                conn.execute(_PRUNE_OBSERVATIONS, {"b_route": route, "b_before": now - keep})
+            row, now, what = _insert_observation(conn, route, what, key, policy)
             h = health(route, row)
             counted = what in FAILURES or what == Observation.REVIEW_FAIL
             if not (counted or (key is not None and key in (h.probe_key, h.canary_key))):

@@ -272,21 +272,21 @@ async def run_soak(
     heroes = {tid for n, tid in enumerate(task_ids) if every and n % every == every - 1}
     handles = await _start_all(client, settings, plan_text, task_ids, project, heroes)
     deadline = started + timeout
-    while loop.time() < deadline:
-        # Visibility counts runs, and a task may have more than one (a takeover): the ledger says when
-        # every task has settled.
-        if await _settled(client, project) >= tasks and await asyncio.to_thread(
-            _all_settled, settings, task_ids
-        ):
-            break
-        await asyncio.sleep(2.0)  # what is still running at the deadline is reported as it stands
-    wall = loop.time() - started
-    sampling.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await sampling
-    resources = sampler.finish(Path(str(info["logs"])))
     rec = lf.recorder(settings)
     try:
+        while loop.time() < deadline:
+            # Visibility counts runs, and a task may have more than one (a takeover): the ledger says when
+            # every task has settled.
+            if await _settled(client, project) >= tasks and await asyncio.to_thread(
+                _all_settled, rec, task_ids
+            ):
+                break
+            await asyncio.sleep(2.0)  # what is still running at the deadline is reported as it stands
+        wall = loop.time() - started
+        sampling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampling
+        resources = sampler.finish(Path(str(info["logs"])))
         for h, tid in zip(handles, task_ids, strict=True):
             if fold(rec.read_events(tid)).state.value not in ("Completed", "Failed"):
                 with contextlib.suppress(RPCError):  # it may have ended on its own meanwhile
@@ -330,13 +330,9 @@ async def _start_all(
     return list(await asyncio.gather(*(start(n, tid) for n, tid in enumerate(task_ids))))
 
 
-def _all_settled(settings: Settings, task_ids: list[str]) -> bool:
+def _all_settled(rec: Recorder, task_ids: list[str]) -> bool:
     """Whether every task's ledger has reached Completed, Failed or Escalated."""
-    rec = lf.recorder(settings)
-    try:
-        return all(fold(rec.read_events(tid)).state.value in SETTLED for tid in task_ids)
-    finally:
-        rec.dispose()
+    return all(fold(rec.read_events(tid)).state.value in SETTLED for tid in task_ids)
 
 
 async def _settled(client: Client, project: str) -> int:
