@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from decimal import Decimal
@@ -63,7 +65,7 @@ from rules.keys import (
     submitting_key,
 )
 from rules.money import VendorAmount
-from rules.operation import fold_operation
+from rules.operation import AHEAD_SEND, SEND_AHEAD, fold_operation
 from rules.routing import BreakerPolicy, RouteHealth
 from runtime import logs, telemetry
 from runtime.faults import mark
@@ -110,6 +112,9 @@ class Operation:
         # own transaction (``observed``: it did), not in one more of its own.
         self.observing: tuple[str, BreakerPolicy] | None = None
         self.observed = False
+        # Where this attempt wrote the operation's INTENT, and the INTENT is send 1's write-ahead
+        # (``rules.operation.SEND_AHEAD``): until when (time.monotonic) send 1 may still leave under it.
+        self.ahead_until: float | None = None
         bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
@@ -119,11 +124,12 @@ class Operation:
         The caller returns ``state.result`` when it is set: a retry after the result was written does nothing.
         ``fenced=False`` is for closing an operation: that never calls a vendor to create anything.
         """
+        asked = time.monotonic()  # before the read: the window left is counted from no later than its clock
         with telemetry.span("ledger.open"):
             view = await asyncio.to_thread(self.recorder.operation_view, self.task_id, self.key, self.route)
         if view.epoch is None or view.now is None:
             raise LedgerError(f"task {self.task_id!r} has no lease: {self.key} cannot run")
-        state = operation_state(view.events, view.now)
+        state = self._own_ahead(operation_state(view.events, view.now), asked)
         self.breaker, self.seen_epoch = view.breaker, view.epoch
         activity.logger.info("opened: %s", _described(state))
         if state.result is not None:
@@ -136,6 +142,22 @@ class Operation:
             activity.logger.info("route %s is paused: nothing is sent until a person resumes it", self.route)
             raise RoutePaused(self.route, view.paused, self.pause_retry_s)
         return state
+
+    def _own_ahead(self, state: OperationState, asked: float) -> OperationState:
+        """The record as this attempt knows it: where it wrote the INTENT a moment ago and that INTENT is the
+        write-ahead of send 1 (``rules.operation.SEND_AHEAD``), nothing was sent yet, whatever the record says
+        to anyone else. Keeps until when (``ahead_until``, measured from the database's clock: the INTENT's
+        time and the read's ``now``) send 1 may still leave under it; ``sending`` uses it once."""
+        if _FRESH_INTENT.get() != self.key or state.intent is None or state.result is not None:
+            return state
+        window = state.intent.payload.get(SEND_AHEAD)
+        if window is None or state.job_id is not None or [s.n for s in state.sends] != [AHEAD_SEND]:
+            return state  # not written ahead, or the operation went further (another attempt at once)
+        if state.refused:
+            return state
+        left = float(window) - (state.now - state.intent.recorded_at).total_seconds()
+        self.ahead_until = asked + left
+        return dataclasses.replace(state, sends=())
 
     def check_fence(self) -> None:
         """StaleEpoch unless this run's epoch was still the task's when ``open`` read it: before a vendor is
@@ -218,6 +240,12 @@ class Operation:
         reconciles, which then sees that send.
         """
         n = state.next_send
+        if n == AHEAD_SEND and self.ahead_until is not None:
+            left, self.ahead_until = self.ahead_until - time.monotonic(), None  # one use
+            if left >= timeout_s:
+                # The INTENT this attempt wrote is send 1's write-ahead, and the send still fits its window.
+                activity.logger.info("submitting send 1 under its INTENT's write-ahead (%.1fs left)", left)
+                return n
         marker = SystemMarker(
             kind=MarkerKind.SUBMITTING, node=self.node, operation_key=self.key, send=n, timeout_s=timeout_s
         )
@@ -503,6 +531,7 @@ async def routed(
         return await body(None)
     assert intent.operation_key is not None
 
+    wrote = False
     with telemetry.span("ledger.intent", {"ledgerflow.reservation": str(inp.estimate)}):
         try:
             rows = await asyncio.to_thread(
@@ -515,6 +544,7 @@ async def routed(
                 routing=routing,
                 human_capacity=human_capacity,
             )
+            wrote = True  # by this attempt: a retry finds it on record (below)
             mark("intent_recorded", task=task_id, op=intent.operation_key)
             activity.logger.info("INTENT recorded, %s reserved", inp.estimate)
         except DuplicateEvent:
@@ -526,20 +556,25 @@ async def routed(
                 or existing.operation_key != intent.operation_key
             ):
                 raise
-            rows = [existing]
+            rows, wrote = [existing], False
         except LedgerError as e:
             activity.logger.info("INTENT refused: %s", e)
             cross(e)
     token = _WRITTEN.set(rows)
+    fresh = _FRESH_INTENT.set(intent.operation_key if wrote else None)
     try:
         result = await body(fold_operation(rows).route)
     finally:
+        _FRESH_INTENT.reset(fresh)
         _WRITTEN.reset(token)
     return sorted({r.seq: r for r in [*rows, result]}.values(), key=lambda r: r.seq)
 
 
 # The rows the current executor attempt has written (set by ``routed``, appended to by ``Operation.write``).
 _WRITTEN: ContextVar[list[StoredEvent] | None] = ContextVar("ledgerflow_written", default=None)
+# The OperationKey whose INTENT the current executor attempt wrote itself (not found on record by a retry):
+# only that attempt knows an INTENT written ahead of send 1 did not send yet (``Operation._own_ahead``).
+_FRESH_INTENT: ContextVar[str | None] = ContextVar("ledgerflow_fresh_intent", default=None)
 
 
 def bind(task_id: str, node: str, key: str, epoch: int, route: str | None) -> None:

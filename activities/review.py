@@ -206,7 +206,7 @@ class ReviewActivities:
         """Phase 1 (pure checks, short-circuit on a block), then phase 2 (model judgement); one verdict."""
         op = self._operation(inp, inp.estimate)
         # A retry after the verdict was recorded returns it: the judgement is never paid for twice.
-        with txcount.labelled("node"):  # a paid node's own ledger writes (make bench counts them)
+        with txcount.labelled("review"):  # the review node's own ledger writes (make bench counts them)
             return await recorded(
                 self.recorder, inp, lambda: op.run(lambda state, beat: self._review(op, state, inp, beat))
             )
@@ -251,23 +251,31 @@ class ReviewActivities:
         return resolved
 
     async def _observe_quality(self, judged: list[tuple[str, str, bool]]) -> None:
-        """Each routed output's first review, to its route's breaker (a collapsing first-pass rate trips it).
-        Advice only: a failure to record it is logged, the verdict stands."""
+        """Each routed output's first review, to its route's breaker (a collapsing first-pass rate trips it),
+        all in one transaction. Advice only: a failure to record them is logged, the verdict stands."""
         table = self.adapters.table if self.adapters is not None else None
-        for route, key, passed in judged:
-            spec = table.routes.get(route) if table is not None else None
-            if spec is None:
-                continue
-            what = Observation.REVIEW_PASS if passed else Observation.REVIEW_FAIL
-            try:
-                change = await asyncio.to_thread(
-                    self.recorder.observe, route, what, key, spec.breaker.policy()
-                )
-            except Exception as e:  # advice only: logged, the verdict stands
-                activity.logger.warning("route %s: review observation not recorded: %s", route, e)
-                continue
+        observations = [
+            (
+                route,
+                Observation.REVIEW_PASS if passed else Observation.REVIEW_FAIL,
+                key,
+                spec.breaker.policy(),
+            )
+            for route, key, passed in judged
+            if table is not None and (spec := table.routes.get(route)) is not None
+        ]
+        if not observations:
+            return
+        try:
+            changes = await asyncio.to_thread(self.recorder.observe_all, observations)
+        except Exception as e:  # advice only: logged, the verdict stands
+            activity.logger.warning(
+                "review observations of %d outputs not recorded: %s", len(observations), e
+            )
+            return
+        for (route, what, _, _), change in zip(observations, changes, strict=True):
             if change is not None:
-                activity.logger.warning("route %s: breaker %s after a failed first review", route, change)
+                activity.logger.warning("route %s: breaker %s after %s", route, change, what.value)
 
     async def _judge(self, op: Operation, state: OperationState, question: str, beat: Heartbeat) -> ChatReply:
         """The model's judgement of ``question``: the one a previous attempt already paid for, if any (it

@@ -21,7 +21,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from temporalio import activity
 
@@ -54,6 +54,14 @@ from vendors.errors import (
 from vendors.registry import Adapters
 from vendors.routes import AdapterKind, VendorMode
 
+# What an INTENT's write-ahead window (``_ahead_window``) allows beyond the send's own timeout, for the work
+# between the INTENT and the send (the operation's read, looking for an equal output): a send that would
+# not fit any more writes its own ``submitting`` marker (uploading inputs first may take that long).
+AHEAD_SLACK_S: Final = 2.0
+# Where the vendor finds a job by our key, its id reaches the ledger once the job has run this long, or with
+# its result: most jobs of a quick vendor end before, one write fewer each (a crash loses nothing: the key).
+RECORD_RUNNING_AFTER_S: Final = 2.0
+
 
 class _Attempt:
     """How far this attempt got at the vendor: what a cancellation has to stop and account for."""
@@ -62,8 +70,10 @@ class _Attempt:
         self.job_id: str | None = None
         self.beat: Heartbeat | None = None
         # A job the vendor took, its id not yet in the ledger (``_submit``: where the vendor finds jobs by
-        # our key, the id is written by the first poll that sees the job still running, or with its result).
+        # our key, the id is written by the first poll that sees the job still running after
+        # RECORD_RUNNING_AFTER_S, or with its result), and when (time.monotonic) the vendor took it.
         self.unrecorded: str | None = None
+        self.unrecorded_at = 0.0
 
     def accepted(self, job_id: str) -> None:
         """The vendor holds this job: heartbeat its id from now on, so a retry resumes it."""
@@ -115,6 +125,7 @@ class StageActivities(ClosingActivities):
             for c in chain
             if (spec := table.route(c.route)).concurrency is not None
         )
+        ahead = tuple((c.route, w) for c in chain if (w := self._ahead_window(c.route)) is not None)
         return Routing(
             inp.executor,
             chain,
@@ -124,7 +135,18 @@ class StageActivities(ClosingActivities):
             priority=inp.priority,
             deadline=inp.deadline,
             caps=table.caps(inp.executor),
+            ahead=ahead,
         )
+
+    def _ahead_window(self, route: str) -> float | None:
+        """How long after its INTENT the first send of an operation at ``route`` may leave and be answered,
+        where the INTENT is that send's write-ahead (None: a marker of its own precedes each send). Only where
+        the vendor deduplicates on our key and finds a job by it: an INTENT that reads "maybe sent" when
+        nothing was is then resolved by a resubmission under the key, or a lookup, never by a second job."""
+        adapter = self.adapters.get(route)
+        if adapter.capabilities.free or not _found_by_key(adapter):
+            return None
+        return adapter.route.timeouts.request + AHEAD_SLACK_S
 
     async def _run(self, inp: StageInput, chosen: str | None) -> StoredEvent:
         route = chosen or inp.executor
@@ -307,10 +329,11 @@ class StageActivities(ClosingActivities):
         mark("vendor_accepted", op=op.key, job=job.id)
         if job.status == JobStatus.RUNNING:
             if _found_by_key(adapter):
-                # The job id is written with the first poll that finds the job still running, or with the
-                # result when it ends by then (one write fewer for a quick job); until then a crash loses
-                # nothing: the vendor deduplicates on the key and finds the job by it (reconcile).
-                attempt.unrecorded = job.id
+                # The job id is written with the first poll that finds the job still running after
+                # RECORD_RUNNING_AFTER_S, or with the result when it ends by then (one write fewer for a
+                # quick job); until then a crash loses nothing: the vendor deduplicates on the key and finds
+                # the job by it (reconcile).
+                attempt.unrecorded, attempt.unrecorded_at = job.id, time.monotonic()
             else:
                 await op.progress(job.id, job.progress)
         return job
@@ -398,7 +421,11 @@ class StageActivities(ClosingActivities):
             if isinstance(got, StoredEvent):
                 return got
             job = got
-            if job.status == JobStatus.RUNNING and attempt.unrecorded is not None:
+            if (
+                job.status == JobStatus.RUNNING
+                and attempt.unrecorded is not None
+                and time.monotonic() - attempt.unrecorded_at >= RECORD_RUNNING_AFTER_S
+            ):
                 await op.progress(attempt.unrecorded, job.progress)  # not quick: on record from now on
                 attempt.unrecorded = None
         return job

@@ -46,6 +46,7 @@ from ledger.schema import (
 )
 from rules.envelope import NewEvent
 from rules.keys import key_fraction
+from rules.operation import SEND_AHEAD
 from rules.routing import (
     FAILURES,
     BreakerPolicy,
@@ -78,7 +79,10 @@ class Routing:
     """What a routed dispatch's INTENT asks of ``append_fenced``: the executor, its routes (primary first),
     the operation's key (a probe's or canary's claim names it) and, for routes with a concurrency quota,
     ``(route, limit, aging_s)`` with the dispatch's place in their queues (priority, deadline), and for
-    routes with a monthly spend cap, ``(route, cap)`` (``ledger.accounts.hold_route``)."""
+    routes with a monthly spend cap, ``(route, cap)`` (``ledger.accounts.hold_route``). ``ahead`` names the
+    routes whose INTENT is also the write-ahead of the operation's first send, ``(route, window_s)``: where
+    the vendor deduplicates on our key and finds a job by it (``activities.stages``), so the INTENT, not a
+    ``submitting`` marker of its own, says from when, and until when, the first send may create a job."""
 
     executor: str
     chain: tuple[Candidate, ...]
@@ -88,6 +92,7 @@ class Routing:
     priority: str = "standard"
     deadline: datetime | None = None
     caps: tuple[tuple[str, Decimal], ...] = ()
+    ahead: tuple[tuple[str, float], ...] = ()
 
 
 # A waiter not seen again for this long (its task ended, its worker died) no longer holds its place.
@@ -270,6 +275,8 @@ def routed(conn: Connection, routing: Routing, intent: NewEvent, rows: Any, now:
     }
     if granted is not None:
         payload["route_quota"] = granted
+    if (window := dict(routing.ahead).get(choice.route)) is not None:
+        payload[SEND_AHEAD] = window  # rules.operation: send 1, from the INTENT's time, for this long
     return intent.model_copy(update={"payload": payload})
 
 
@@ -428,41 +435,20 @@ class RouteStore:
         that calls for it (a failure rate reached, a probe's or canary's result); returns the change logged
         (``opened``, ``closed``, ``canary_passed`` …) or None. Most observations are one statement."""
         with translated(), self._engine.begin() as conn:
-            if what == Observation.ANOMALY and key is not None:
-                # One task's anomalies on a route are taken one at a time: the insert sees any before it.
-                conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-anomaly:{route}:{key.split(':', 1)[0]}"})
-            if what in FAILURES or what == Observation.REVIEW_FAIL:
-                # A route's failures are judged one at a time: two at once, each blind to the other's
-                # uncommitted row, would each count one and neither open a breaker two of them should (seen:
-                # two tasks' simultaneous overcharges, 2 failures of 4 calls, the breaker still closed).
-                conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-failures:{route}"})
-            row, now, what = _insert_observation(conn, route, what, key, policy)
-            h = health(route, row)
-            counted = what in FAILURES or what == Observation.REVIEW_FAIL
-            if not (counted or (key is not None and key in (h.probe_key, h.canary_key))):
-                return None
-            # A concurrent change of the row (its version moved) is read again and the observation re-applied.
-            for _ in range(3):
-                window = Window()
-                if counted and h.state == BreakerState.CLOSED:
-                    calls, failures, reviews, passed = conn.execute(
-                        _WINDOW,
-                        {
-                            "route": route,
-                            "now": now,
-                            "calls": timedelta(seconds=policy.window_s),
-                            "widest": timedelta(seconds=policy.widest_s),
-                        },
-                    ).one()
-                    window = Window(calls, failures, reviews, passed)
-                new, change = observed(h, what, key or "", window, policy, now)
-                if change is None:
-                    return None
-                if _swap(conn, h, new):
-                    _log_change(conn, route, change, new.reason if change != "canary_passed" else "", key)
-                    return change
-                h = health(route, conn.execute(select(BREAKER_ROW.label("r")), {"b_route": route}).scalar())
-        return None
+            return _observe(conn, route, what, key, policy)
+
+    def observe_all(
+        self, observations: list[tuple[str, Observation, str | None, BreakerPolicy]]
+    ) -> list[str | None]:
+        """``observe`` for each ``(route, what, key, policy)``, in one transaction (a review's first reviews
+        of every routed output it judged: one commit, not one per output), routes in a fixed order so two
+        reviews never lock each other's routes the other way round; each observation's change, in order."""
+        order = sorted(range(len(observations)), key=lambda i: (observations[i][0], i))
+        changes: list[str | None] = [None] * len(observations)
+        with translated(), self._engine.begin() as conn:
+            for i in order:
+                changes[i] = _observe(conn, *observations[i])
+        return changes
 
     def record_qualification(
         self, route: str, passed: bool, reason: str, detail: dict[str, Any], actor: str
@@ -508,3 +494,44 @@ class RouteStore:
             q = q.where(route_changes.c.route == route)
         with translated(), self._reader.connect() as conn:
             return [dict(r) for r in conn.execute(q).mappings().all()]
+
+
+def _observe(
+    conn: Connection, route: str, what: Observation, key: str | None, policy: BreakerPolicy
+) -> str | None:
+    """``RouteStore.observe``'s body, on the caller's transaction."""
+    if what == Observation.ANOMALY and key is not None:
+        # One task's anomalies on a route are taken one at a time: the insert sees any before it.
+        conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-anomaly:{route}:{key.split(':', 1)[0]}"})
+    if what in FAILURES or what == Observation.REVIEW_FAIL:
+        # A route's failures are judged one at a time: two at once, each blind to the other's
+        # uncommitted row, would each count one and neither open a breaker two of them should (seen:
+        # two tasks' simultaneous overcharges, 2 failures of 4 calls, the breaker still closed).
+        conn.execute(_ROUTE_TASK_LOCK, {"k": f"route-failures:{route}"})
+    row, now, what = _insert_observation(conn, route, what, key, policy)
+    h = health(route, row)
+    counted = what in FAILURES or what == Observation.REVIEW_FAIL
+    if not (counted or (key is not None and key in (h.probe_key, h.canary_key))):
+        return None
+    # A concurrent change of the row (its version moved) is read again and the observation re-applied.
+    for _ in range(3):
+        window = Window()
+        if counted and h.state == BreakerState.CLOSED:
+            calls, failures, reviews, passed = conn.execute(
+                _WINDOW,
+                {
+                    "route": route,
+                    "now": now,
+                    "calls": timedelta(seconds=policy.window_s),
+                    "widest": timedelta(seconds=policy.widest_s),
+                },
+            ).one()
+            window = Window(calls, failures, reviews, passed)
+        new, change = observed(h, what, key or "", window, policy, now)
+        if change is None:
+            return None
+        if _swap(conn, h, new):
+            _log_change(conn, route, change, new.reason if change != "canary_passed" else "", key)
+            return change
+        h = health(route, conn.execute(select(BREAKER_ROW.label("r")), {"b_route": route}).scalar())
+    return None

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from rules.actions import OPERATION_KINDS
 from rules.envelope import StoredEvent
@@ -25,13 +25,21 @@ from rules.events import MarkerKind
 from rules.keys import is_result_key, late_charge_key
 from rules.plan import COMPOSE, REVIEW
 
+# An INTENT payload's field naming the window of the operation's first send, where the INTENT is that send's
+# write-ahead (``ledger.routes.routed``: a route whose vendor deduplicates on our key and finds a job by it).
+# Its executor sends under it without a ``submitting`` marker of its own, within the window from the INTENT's
+# commit; after a crash the record reads "send 1 may have been made", whether or not it was.
+SEND_AHEAD: Final = "send_ahead_s"
+AHEAD_SEND: Final = 1  # the send an INTENT's write-ahead stands for
+
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """One paid send, as its ``submitting`` marker recorded it before the request left."""
+    """One paid send, as its ``submitting`` marker (or the INTENT written ahead of it) recorded it before the
+    request left."""
 
     n: int
-    at: datetime  # the marker's recorded_at: the database's clock, before the request left
+    at: datetime  # the marker's (INTENT's) recorded_at: the database's clock, before the request left
     timeout_s: float  # the client's timeout for it: until then (plus the route's window) it can create a job
 
 
@@ -132,6 +140,8 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
                     jobs[str(job)] = None
         elif e.type == "Intent" and intent is None:
             intent = e
+            if (window := e.payload.get(SEND_AHEAD)) is not None:
+                sends.append(Send(AHEAD_SEND, e.recorded_at, float(window)))
         elif e.type == "Progress":
             job_id = str(e.payload["job_id"])
             jobs[job_id] = None

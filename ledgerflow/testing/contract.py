@@ -67,6 +67,7 @@ from rules.events import (
     vendor_spend,
 )
 from rules.keys import created_key, intent_key, operation_key, result_key
+from rules.operation import fold_operation
 from rules.plan import Plan, validate_plan
 from runtime import faults
 from runtime.faults import SimulatedCrash
@@ -603,12 +604,10 @@ class AdapterContract:
         assert len(await kit.charges()) == (1 if end == End.OUTCOME else 0)
         if end == End.VOID:
             # Not found by key is proof of absence only once no send can land: the void waited for that.
-            sent = [
-                e
-                for e in await kit.events()
-                if e.type == "SystemMarker" and e.payload.get("kind") == MarkerKind.SUBMITTING
-            ]
-            landing = (resolved.recorded_at - sent[0].recorded_at).total_seconds()
+            # The first send's write-ahead: its own marker, or the INTENT where that stands for it.
+            ops = [e for e in await kit.events() if e.operation_key == resolved.operation_key]
+            sent = fold_operation(ops).sends
+            landing = (resolved.recorded_at - sent[0].at).total_seconds()
             assert landing >= kit.route.timeouts.request + kit.route.max_accept_seconds
             assert "NotYetProvable" in kit.errors
         await kit.check(resolved)

@@ -24,7 +24,12 @@ from faultkit import (
 )
 
 from rules.envelope import StoredEvent
+from rules.operation import SEND_AHEAD, fold_operation
 from rules.plan import Plan
+
+
+def seen_intent(seen: list[StoredEvent], op: str) -> StoredEvent:
+    return next(e for e in seen if e.operation_key == op and e.type == "Intent")
 
 
 async def freeze_at(
@@ -69,16 +74,31 @@ async def test_kill_after_vendor_accept_before_progress(rig, sim):
     charges = await sim.charges(op)
     assert [c["job_id"] for c in charges] == [held.fields["job"]]
     kinds = [(e.type, e.payload.get("kind")) for e in seen if e.operation_key == op]
-    # The write-ahead marker of the send, and no Progress yet: the ledger does not know the job id.
-    assert kinds == [("Intent", None), ("SystemMarker", "submitting")], "Progress written before the point"
+    # The INTENT, written ahead of the send (the vendor dedups on the key and finds jobs by it), and no
+    # Progress yet: the ledger does not know the job id.
+    assert kinds == [("Intent", None)], "a marker or Progress written before the point"
+    assert seen_intent(seen, op).payload[SEND_AHEAD] > 0
+    await rig.crash(w1)
+    await recover_and_check(rig, sim, plan.task_id, op, seen)
+
+
+async def test_kill_under_the_intents_write_ahead_before_the_send(rig, sim):
+    """The INTENT stands for send 1's write-ahead and the worker dies between deciding to send and sending:
+    the record reads "maybe sent" though nothing left; recovery resubmits under the key (the vendor would
+    deduplicate a send that had landed) and the vendor bills exactly once."""
+    plan, op, w1, _, seen = await freeze_at(rig, sim, "submitting", latency=0.2)
+    assert [e.type for e in seen if e.operation_key == op] == ["Intent"], "a marker of its own was written"
+    record = fold_operation(e for e in seen if e.operation_key == op)
+    assert [s.n for s in record.maybe_sent] == [1], "the INTENT does not read as send 1"
+    assert await sim.charges(op) == []
     await rig.crash(w1)
     await recover_and_check(rig, sim, plan.task_id, op, seen)
 
 
 async def test_kill_while_polling(rig, sim):
     """Killed mid-poll of a running job: recovery resumes polling the same job (job id from the record, where
-    the first poll that found the job still running wrote it)."""
-    plan, op, w1, held, seen = await freeze_at(rig, sim, "progress_recorded", latency=2.0)
+    the first poll that found the job still running after RECORD_RUNNING_AFTER_S wrote it)."""
+    plan, op, w1, held, seen = await freeze_at(rig, sim, "progress_recorded", latency=4.0)
     progress = [e for e in seen if e.operation_key == op and e.type == "Progress"]
     assert [p.payload["job_id"] for p in progress] == [held.fields["job"]]
     assert (await vendor_job(sim, held.fields["job"]))["status"] == "running"

@@ -164,12 +164,13 @@ async def test_postgres_down_longer_than_the_stage_retry_budget(own_ledger, sim)
     gives up. The paid, finished job, whose id the ledger holds (Progress), must still become the operation's
     result once the ledger is back: never a zero-cost failure followed by paying for the node again."""
     rig = own_ledger.rig
-    await sim.configure(executors={"video.motion": {"latency_seconds": 1.0}})
+    await sim.configure(executors={"video.motion": {"latency_seconds": 3.5}})
     plan = rig.plan(ONE_SHOT)
     op = op_key(plan.task_id, "shot")
     worker = await rig.spawn()
     await rig.start(plan)
-    # The job id reaches the ledger with the first poll that finds the job still running.
+    # The job id reaches the ledger with the first poll that finds the job still running after
+    # RECORD_RUNNING_AFTER_S (2 s; before then the vendor finds it by the key).
     polling = await worker.wait_for("progress_recorded", op, timeout=30)
     seen = rig.events(plan.task_id)
     assert [e.payload["job_id"] for e in seen if e.type == "Progress"] == [polling.fields["job"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from ledger import txcount
 from ledger.errors import StaleEpoch
 from ledger.recorder import Recorder
 from rules.envelope import NewEvent
+from vendors.routes import RouteSpec, RouteTable, VendorMode
 
 
 @pytest.fixture
@@ -61,3 +63,42 @@ async def test_a_label_follows_the_work_into_the_recorders_threads(
     assert counter.snapshot("node") == txcount.Counts(writes=1)
     assert counter.snapshot("") == txcount.Counts(reads=1)
     assert counter.snapshot() == txcount.Counts(writes=1, reads=1)
+
+
+PLAN = """
+goal: three quick shots
+budget_ceiling: 20
+review: {{reviewers: [compliance.rules]}}
+stages:
+  - {{id: shot, executor: {executor}, estimate: 1.5, fan_out: 3, canary: false}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "per_shot"),
+    [
+        # Where the vendor deduplicates on our key and finds a job by it: the INTENT is the send's
+        # write-ahead, and a quick job's id comes with its result.
+        (VendorMode.IDEMPOTENT, 2),
+        # Where it cannot: a marker of its own before the send, then the result (with the job's id: this
+        # vendor answers the submit with the finished job).
+        (VendorMode.NONE, 3),
+    ],
+)
+async def test_a_quick_paid_node_writes_the_ledger_this_many_times(
+    lf_with: Any, sim: Any, mode: VendorMode, per_shot: int
+) -> None:
+    name = f"video.{uuid.uuid4().hex[:8]}"
+    async with lf_with(routes=RouteTable(routes={name: RouteSpec(mode=mode)})) as lf:
+        await sim.configure(executors={name: {"latency_seconds": 0.0}})
+        plan = lf.plan(PLAN.format(executor=name))
+        before, reviewed = txcount.snapshot("node"), txcount.snapshot("review")
+        await lf.run(plan)
+        counted, review = txcount.snapshot("node") - before, txcount.snapshot("review") - reviewed
+    assert plan.task_id is not None
+    shots = [e for e in lf.recorder.read_events(plan.task_id) if ":shot/" in (e.operation_key or "")]
+    assert counted.writes == 3 * per_shot, (counted, [(e.type, e.payload.get("kind")) for e in shots])
+    assert [e.type for e in shots].count("Outcome") == 3 and len(await sim.charges(f"{plan.task_id}:")) == 3
+    # The review: its INTENT, its verdict, and the three outputs' first reviews for their route's breaker
+    # in one transaction (not one each).
+    assert review.writes == 3, review

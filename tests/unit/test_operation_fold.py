@@ -10,7 +10,7 @@ from helpers import History, chain_plan
 from rules.actions import Dispatch, StaticGate
 from rules.events import FailureKind, MarkerKind, Progress, SystemMarker
 from rules.keys import anomaly_key, late_charge_key, progress_key, refused_key, result_key, submitting_key
-from rules.operation import OperationRecord, fold_operation, fold_operations
+from rules.operation import SEND_AHEAD, OperationRecord, fold_operation, fold_operations
 
 OP = "t1:a:a1"
 
@@ -75,6 +75,18 @@ def test_sends_are_numbered_timed_and_a_refused_one_is_no_longer_maybe_sent() ->
     assert op.refused == {1} and [s.n for s in op.maybe_sent] == [2] and op.next_send == 3
     # No maybe-sent request can land once its timeout and the route's acceptance window have passed.
     assert op.provable_at(5.0) == second + timedelta(seconds=3.0 + 5.0)
+
+
+def test_an_intent_written_ahead_of_send_1_reads_as_send_1_from_its_own_time() -> None:
+    action = Dispatch(node="a", attempt=1, operation_key=OP, executor="llm.text", estimate=Decimal("1.00"))
+    h = History(chain_plan()).intent(action, extra={SEND_AHEAD: 12.0})
+    at = h.events[-1].recorded_at
+    op = fold_of(h)
+    assert [(s.n, s.at, s.timeout_s) for s in op.sends] == [(1, at, 12.0)] and op.next_send == 2
+    assert op.provable_at(5.0) == at + timedelta(seconds=12.0 + 5.0)
+    # Refused, it is no longer maybe sent; a later send is numbered after it.
+    op = fold_of(send(refuse(h, 1), 2))
+    assert [s.n for s in op.maybe_sent] == [2] and op.refused == {1}
 
 
 def test_every_send_refused_leaves_nothing_maybe_sent() -> None:

@@ -1,6 +1,8 @@
 """A task whose history grows long continues as new, as often as it needs: it stops dispatching, lets what
 is in flight finish, and a new run re-opens the task from the ledger. Forced here with a low threshold,
-mid-fan-out, with an approval and a rework round in between: the task completes once, with exact money."""
+mid-fan-out, with an approval and a rework round in between: the task completes once, with exact money.
+Two fan-outs one after the other: a ledger longer than a page for the last runs to open, and no more in
+flight at once than one fan-out."""
 
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from workflows.contracts import TaskInput, workflow_id
 from workflows.task import LEDGER_PAGE, TaskWorkflow
 
 PLAN = """
-goal: a board a person approves, then sixty shots, one of them reworked
+goal: a board a person approves, then sixty shots, one of them reworked, and sixty frames
 budget_ceiling: 40
 stages:
   - {id: board, executor: llm.text, estimate: 0.5, approval: true}
   - {id: shots, executor: image.keyframe, estimate: 0.4, depends_on: [board], fan_out: 60, canary: false}
-  - {id: edit, executor: edit.assembly, estimate: 0.2, depends_on: [shots]}
+  - {id: frames, executor: image.keyframe, estimate: 0.1, depends_on: [shots], fan_out: 60, canary: false}
+  - {id: edit, executor: edit.assembly, estimate: 0.2, depends_on: [frames]}
 """
 LIMIT = 150  # events per run: several runs for this task, the later ones opening a ledger of pages
 REWORK_S03 = json.dumps({"scores": {"visual": 0.4}, "blame": {"visual": ["shots/S03"]}, "reasons": ["off"]})

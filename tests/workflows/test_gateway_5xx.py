@@ -19,6 +19,7 @@ import pytest
 
 from rules.events import parse, vendor_spend
 from rules.keys import operation_key
+from rules.operation import fold_operation
 from vendors.routes import Breaker, RouteSpec, RouteTable, Timeouts, VendorMode
 from vendors.simulator import Draw, ExecutorProfile
 
@@ -165,9 +166,10 @@ async def test_an_unlisted_503_is_voided_for_the_fallback_only_once_proven_absen
     # (nothing says the route is down yet: which retries come first is timing); once it opened, never.
     [opened] = [c["recorded_at"] for c in recorder.route_changes(primary) if c["kind"] == "opened"]
     for op in on_primary:
-        sends = [e for e in events if e.operation_key == op and e.payload.get("kind") == "submitting"]
+        # Each send's write-ahead: its marker, or the INTENT where that stands for the first.
+        sends = fold_operation(e for e in events if e.operation_key == op).sends
         [void] = [e for e in events if e.operation_key == op and e.payload.get("kind") == "void"]
-        resent = [s for s in sends[1:] if s.recorded_at >= opened]
+        resent = [s for s in sends[1:] if s.at >= opened]
         assert sends and not resent, f"{op} was resent into the outage ({len(resent)} sends after it opened)"
-        waited = (void.recorded_at - sends[-1].recorded_at).total_seconds()
+        waited = (void.recorded_at - sends[-1].at).total_seconds()
         assert waited >= 1.0, f"{op} voided {waited:.2f}s after a send that could land for 1s"

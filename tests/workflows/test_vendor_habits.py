@@ -177,16 +177,17 @@ async def test_a_rotated_key_pauses_the_route_until_a_person_resumes_it_and_fail
     """Old: 401 meant "the request is wrong": Failure[content] at cost 0, dead-lettered."""
     name = route_name()
     async with lf_with(routes=routes(name), route_pause_retry_seconds=0.3) as lf:
-        await sim.configure(executors={name: {"latency_seconds": 1.5}})
+        # Long enough that the job's id reaches the ledger (RECORD_RUNNING_AFTER_S) before it ends.
+        await sim.configure(executors={name: {"latency_seconds": 3.0}})
         plan = plan_for(lf, name)
         handle = await lf.start(plan)
         await until(lambda: events_of(lf, plan.task_id, "Progress"), what="the job accepted")
-        await sim.configure(executors={name: {"latency_seconds": 1.5}}, accepted_keys=["a-rotated-key"])
+        await sim.configure(executors={name: {"latency_seconds": 3.0}}, accepted_keys=["a-rotated-key"])
         await until(lambda: name in lf.recorder.route_states(), what="the route paused")
         await asyncio.sleep(2.0)  # the job finishes at the vendor meanwhile; the node must not fail
         assert not events_of(lf, plan.task_id, "Failure")
         assert (await handle.query("status"))["state"] == "Running"
-        await sim.configure(executors={name: {"latency_seconds": 1.5}})  # the person fixes the key …
+        await sim.configure(executors={name: {"latency_seconds": 3.0}})  # the person fixes the key …
         assert lf.recorder.resume_route(name, "ops@example")  # … and resumes the route
         result = await handle.result()
     assert result.state == "Completed"
