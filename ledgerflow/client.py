@@ -21,7 +21,7 @@ from runtime.settings import Settings, get_settings
 from runtime.signing import ApproverKey, demo_public_keys
 from runtime.temporal_config import connect_options
 from vendors.routes import deployment_table
-from workflows.contracts import TaskInput, TaskResult, workflow_id
+from workflows.contracts import TaskInput, TaskResult, starting_story, workflow_id
 from workflows.policies import start_priority
 from workflows.task import TaskWorkflow
 
@@ -95,6 +95,7 @@ async def submit(settings: Settings, plan: Plan, task_id: str, *, wait: bool = F
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             static_summary=plan.goal[:200],
             priority=start_priority(plan.priority),
+            **starting_story(plan),
         )
     except WorkflowAlreadyStartedError:
         raise ClientError(

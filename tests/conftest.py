@@ -40,7 +40,7 @@ from rules.plan import Plan, load_plan
 from runtime.settings import Settings
 from vendors.routes import RouteTable, deployment_table
 from vendors.simulator import BackgroundSimulator, SimConfig
-from workflows.contracts import TaskInput, TaskResult, workflow_id
+from workflows.contracts import TaskInput, TaskResult, starting_story, workflow_id
 from workflows.task import TaskWorkflow
 
 SIM_KEY = "sk-test-4f1c9e"
@@ -201,6 +201,7 @@ class Ledgerflow:
             TaskInput(task_id=plan.task_id, plan=plan, **beat),
             id=workflow_id(plan.task_id),
             task_queue=self.task_queue,
+            **starting_story(plan),
         )
         self.started.append(handle)
         return handle

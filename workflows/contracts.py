@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from pydantic import BaseModel, Field
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 from rules.plan import Plan
+from rules.projection import TaskState
 
 # The task's custom search attributes: filter tasks in the Temporal UI or with
 # `temporal workflow list --query 'LedgerflowProject="p1" AND LedgerflowWaitingOnPerson=true'`.
@@ -24,6 +25,26 @@ SPENT: Final = SearchAttributeKey.for_float("LedgerflowSpent")
 VERDICT: Final = SearchAttributeKey.for_keyword("LedgerflowVerdict")
 WAITING: Final = SearchAttributeKey.for_bool("LedgerflowWaitingOnPerson")
 SEARCH_ATTRIBUTES: Final = (PROJECT, EPISODE, STATE, SPENT, VERDICT, WAITING)
+
+
+def starting_story(plan: Plan) -> dict[str, Any]:
+    """``start_workflow``'s memo and search attributes for a task: its goal and project, and the search
+    attributes as they stand before the run does anything (Queued, nothing spent). In the start event, they
+    cost no history event of their own, a task is found by its project from the moment it is submitted, and
+    a run recorded with ``STEADY_PATCHES_V3`` upserts only what changed since (``workflows.task._tell``)."""
+    return {
+        "memo": {"goal": plan.goal, "project": plan.project},
+        "search_attributes": TypedSearchAttributes(
+            [
+                SearchAttributePair(PROJECT, plan.project),
+                SearchAttributePair(EPISODE, plan.episode or ""),
+                SearchAttributePair(STATE, TaskState.QUEUED.value),
+                SearchAttributePair(SPENT, 0.0),
+                SearchAttributePair(VERDICT, ""),
+                SearchAttributePair(WAITING, False),
+            ]
+        ),
+    }
 
 
 class TaskInput(BaseModel):

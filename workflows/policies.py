@@ -116,6 +116,11 @@ UI_SPEND_EVERY = timedelta(seconds=60)
 # with it): a new run asks this one first and records one marker instead of three; a run recorded before finds
 # none of it and asks the three as it did. A later version is asked after it, and folded into a V3 likewise.
 STEADY_PATCHES_V2 = "steady-patches-v2"
+# STEADY_PATCHES_V2, and the search attributes told once per workflow task: ``_tell`` keeps the latest and
+# the run upserts it when the workflow task has nothing else to do (two changes in one workflow task, such
+# as Queued → Running or the verdict then the end, are one event, not two); a run started with its memo and
+# search attributes (``workflows.contracts.starting_story``) upserts neither until they change.
+STEADY_PATCHES_V3 = "steady-patches-v3"
 
 
 def slot_priority(priority: str, done: float) -> int:

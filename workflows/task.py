@@ -134,6 +134,7 @@ with workflow.unsafe.imports_passed_through():
         STAGE_RETRY,
         STEADY_PATCHES,
         STEADY_PATCHES_V2,
+        STEADY_PATCHES_V3,
         SUGGESTION_MIN_GROWTH,
         UI_SPEND_EVERY,
         UI_STATES,
@@ -184,6 +185,12 @@ class TaskWorkflow:
         self._told_at: datetime | None = None  # when they last said it, and the spend they said (UI_STATES)
         self._told_spent: Decimal | None = None
         self._ui_states = False  # the run was recorded with UI_STATES (asked at its start)
+        # The run was recorded with STEADY_PATCHES_V3: the search attributes are upserted once a workflow task
+        # has nothing else to do (``_untold``: the latest not yet upserted; ``_tell_when_idle``).
+        self._tell_idle = False
+        self._untold: list[Any] | None = None
+        self._teller: asyncio.Task[None] | None = None
+        self._locals = 0  # local activities awaited now
         self._current = False  # the run was recorded with STEADY_PATCHES (``_has``)
         # The rule table this run decides with, and its version (recorded in each INTENT): set at the start.
         self._table: tuple[Decide | None, int] = (decide, RULES_VERSION)
@@ -261,7 +268,9 @@ class TaskWorkflow:
         # Taken first, at a point every replay reaches the same way: a run recorded with this marker answers
         # every later version check at once (``_has``), so none depends on when a person's Update or signal
         # was delivered — which a replay may place one workflow task apart from the original run.
-        if workflow.patched(STEADY_PATCHES_V2):  # every version below at once: one marker, not three
+        if workflow.patched(STEADY_PATCHES_V3):  # every version below at once: one marker, not four
+            self._current, remake, self._ui_states, self._tell_idle = True, True, True, True
+        elif workflow.patched(STEADY_PATCHES_V2):
             self._current, remake, self._ui_states = True, True, True
         else:
             self._current = workflow.patched(STEADY_PATCHES)
@@ -282,8 +291,14 @@ class TaskWorkflow:
         self._ceiling_at = p.created_at + timedelta(seconds=p.plan.time_ceiling)
         self._heartbeat_timeout = timedelta(seconds=inp.heartbeat_timeout_seconds)
         alarm = asyncio.create_task(self._alarm(self._ceiling_at))
-        if self._has(UI_STORY):
-            workflow.upsert_memo({"goal": p.plan.goal, "project": p.plan.project})
+        memo = {"goal": p.plan.goal, "project": p.plan.project}
+        if self._tell_idle:
+            self._teller = asyncio.create_task(self._tell_when_idle())
+            self._told_at_start(p)
+            if any(workflow.memo_value(k, None) != v for k, v in memo.items()):
+                workflow.upsert_memo(memo)  # a run started without it (``starting_story``)
+        elif self._has(UI_STORY):
+            workflow.upsert_memo(memo)
         while not p.terminal:
             if self._fenced is not None:
                 raise ApplicationError(
@@ -345,6 +360,7 @@ class TaskWorkflow:
             # The last notifications (a request resolved by the task's end) go out, within a bound.
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(lambda: not self._notices, timeout=NOTICES_DRAIN)
+        self._flush_told()
         return TaskResult(task_id=p.task_id, state=p.state.value, summary=summary(p))
 
     async def _compensate(self, p: Projection) -> None:
@@ -419,6 +435,7 @@ class TaskWorkflow:
         assert self._input is not None
         workflow.logger.info("history is long: continuing as new at seq %s", p.watermark)
         nxt = self._input.model_copy(update={"continued": self._input.continued + 1})
+        self._flush_told()
         workflow.continue_as_new(nxt)
 
     def _tell(self, p: Projection) -> None:
@@ -452,16 +469,46 @@ class TaskWorkflow:
         if not self._has(UI_STORY):
             return
         self._told, self._told_at, self._told_spent = told, workflow.now(), p.spent
-        workflow.upsert_search_attributes(
-            [
-                PROJECT.value_set(p.plan.project),
-                EPISODE.value_set(p.plan.episode or ""),
-                STATE.value_set(p.state.value),
-                SPENT.value_set(float(p.spent)),
-                VERDICT.value_set(verdict),
-                WAITING.value_set(waiting),
-            ]
-        )
+        attributes = [
+            PROJECT.value_set(p.plan.project),
+            EPISODE.value_set(p.plan.episode or ""),
+            STATE.value_set(p.state.value),
+            SPENT.value_set(float(p.spent)),
+            VERDICT.value_set(verdict),
+            WAITING.value_set(waiting),
+        ]
+        if self._tell_idle:
+            self._untold = attributes  # upserted once this workflow task has nothing else to do
+        else:
+            workflow.upsert_search_attributes(attributes)
+
+    def _told_at_start(self, p: Projection) -> None:
+        """What the run's start event already tells (``starting_story``), as if ``_tell`` had said it: the
+        first upsert is then the first change."""
+        at_start = workflow.info().typed_search_attributes
+        state, verdict, waiting = at_start.get(STATE), at_start.get(VERDICT), at_start.get(WAITING)
+        spent = at_start.get(SPENT)
+        if state is None or verdict is None or waiting is None or spent is None:
+            return  # started without them (an older client, a takeover): the first tell upserts them all
+        if at_start.get(PROJECT) != p.plan.project or at_start.get(EPISODE) != (p.plan.episode or ""):
+            return
+        self._told = (state, verdict, waiting)  # a TaskState is the string it says
+        self._told_at, self._told_spent = workflow.now(), Decimal(str(spent))
+
+    async def _tell_when_idle(self) -> None:
+        """Upsert the latest search attributes ``_tell`` kept, once the workflow task's other work is done:
+        a condition is looked at when every coroutine of the workflow waits — but not while one waits for a
+        local activity, whose result the same workflow task brings (the task's end writes its last INTENT
+        so, between a verdict and the end state)."""
+        while True:
+            await workflow.wait_condition(lambda: self._untold is not None and not self._locals)
+            self._flush_told()
+
+    def _flush_told(self) -> None:
+        """Upsert what ``_tell`` kept and no upsert said yet (the run's end does it before it returns)."""
+        if self._untold is not None:
+            untold, self._untold = self._untold, None
+            workflow.upsert_search_attributes(untold)
 
     # ── people told of their requests ───────────────────────────────────────────────────────────────
     def _announce(self, p: Projection) -> None:
@@ -693,6 +740,7 @@ class TaskWorkflow:
         return events
 
     async def _local(self, name: str, arg: BaseModel, result_type: Any) -> Any:
+        self._locals += 1  # its result comes back within the same workflow task (``_tell_when_idle``)
         try:
             return await workflow.execute_local_activity(
                 name,
@@ -712,6 +760,8 @@ class TaskWorkflow:
                     f"run fenced off: {error_text(e)}", type=ErrorType.STALE_EPOCH, non_retryable=True
                 ) from e
             raise
+        finally:
+            self._locals -= 1
 
     async def _mark(self, p: Projection, event: NewEvent, *, release: Decimal = Decimal(0)) -> None:
         mark = MarkInput(task_id=p.task_id, event=event, after=p.watermark, release=release)

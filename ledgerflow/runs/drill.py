@@ -41,7 +41,7 @@ from rules.projection import fold
 from rules.table import BUDGET_REFUSED
 from runtime.faults import POINTS
 from runtime.settings import Settings
-from workflows.contracts import TaskInput, workflow_id
+from workflows.contracts import TaskInput, starting_story, workflow_id
 from workflows.task import TaskWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,7 +251,11 @@ async def run_drill(
         inp = TaskInput(task_id=tid, plan=plan, heartbeat_timeout_seconds=3)
         handles.append(
             await client.start_workflow(
-                TaskWorkflow.run, inp, id=workflow_id(tid), task_queue=settings.task_queue
+                TaskWorkflow.run,
+                inp,
+                id=workflow_id(tid),
+                task_queue=settings.task_queue,
+                **starting_story(plan),
             )
         )
 

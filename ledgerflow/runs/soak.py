@@ -31,7 +31,6 @@ import psycopg
 from rich.table import Table
 from sqlalchemy import make_url
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
 from ledger.recorder import Recorder
@@ -45,7 +44,7 @@ from rules.events import Escalation, ExecutionResult, Intent, Outcome, parse, ve
 from rules.projection import fold
 from rules.table import ENDING_RULES, RULES
 from runtime.settings import Settings
-from workflows.contracts import PROJECT, STATE, TaskInput, workflow_id
+from workflows.contracts import PROJECT, STATE, TaskInput, starting_story, workflow_id
 from workflows.policies import start_priority
 from workflows.task import TaskWorkflow
 
@@ -323,8 +322,8 @@ async def _start_all(
                 TaskInput(task_id=tid, plan=plan),
                 id=workflow_id(tid),
                 task_queue=settings.task_queue,
-                search_attributes=TypedSearchAttributes([SearchAttributePair(PROJECT, project)]),
                 priority=start_priority(plan.priority),
+                **starting_story(plan),
             )
 
     return list(await asyncio.gather(*(start(n, tid) for n, tid in enumerate(task_ids))))

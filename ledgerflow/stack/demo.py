@@ -39,7 +39,7 @@ from rules.people import allowed_approvers
 from rules.plan import Plan, TimeoutPolicy
 from runtime.settings import Settings
 from runtime.signing import DEMO_APPROVERS
-from workflows.contracts import TaskInput, workflow_id
+from workflows.contracts import TaskInput, starting_story, workflow_id
 from workflows.task import TaskWorkflow
 
 PROJECT_CEILING: Final = Decimal("500")
@@ -253,6 +253,7 @@ async def run_task(
         TaskInput(task_id=plan.task_id, plan=plan),
         id=workflow_id(plan.task_id),
         task_queue=settings.task_queue,
+        **starting_story(plan),
     )
     out.print(f"task {plan.task_id} started; {wait_policy_line(plan)}", highlight=False, soft_wrap=True)
     result_task = asyncio.ensure_future(handle.result())

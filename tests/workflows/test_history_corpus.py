@@ -45,6 +45,12 @@ REQUIRED = {
     # (ui-states-v1), activities queued by the task's slot priority; a hero task and E001 on it
     "test_activities_carry_their_tasks_place_in_the_queue-2",
     "test_e001_video_pipeline_completes_with_ledger_equal_to_vendor-steady-v2",
+    # v9: one version marker for four (steady-patches-v3): the memo and the search attributes in the start
+    # event, upserted once per workflow task (a person's approval, a hero task, E001); executors that write
+    # their INTENT as the first send's write-ahead
+    "test_a_task_is_found_by_its_search_attributes_and_its_activities_are_named-steady-v3",
+    "test_activities_carry_their_tasks_place_in_the_queue-steady-v3",
+    "test_e001_video_pipeline_completes_with_ledger_equal_to_vendor-steady-v3",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 

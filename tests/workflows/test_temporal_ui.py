@@ -62,12 +62,30 @@ stages:
     assert values["LedgerflowSpent"] > 0
 
     history = await handle.fetch_history()
-    upserts = [
-        e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+    upserted = [
+        e
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+        and "LedgerflowTaskState"
+        in e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
     ]
-    ours = [fields for fields in upserts if "LedgerflowTaskState" in fields]
+    ours = [
+        e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        for e in upserted
+    ]
+    # The memo and the search attributes as they stand before the run did anything came with the start
+    # event (``starting_story``): no event of their own; and no workflow task upserts twice.
+    started = history.events[0].workflow_execution_started_event_attributes.search_attributes.indexed_fields
+    assert (await lf.client.data_converter.decode([started["LedgerflowTaskState"]]))[0] == "Queued"
+    modified = [
+        e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED
+    ]
+    assert modified == [], "the memo was upserted though the run started with it"
+    tasks = [
+        e.upsert_workflow_search_attributes_event_attributes.workflow_task_completed_event_id
+        for e in upserted
+    ]
+    assert len(set(tasks)) == len(tasks), "two upserts in one workflow task"
     scheduled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     summaries = set()
     for e in scheduled:
@@ -85,5 +103,5 @@ stages:
         ]
         told.append(tuple(said))
     states = [state for state, _, _ in told]
-    assert states[0] == "Queued" and states[-1] == "Completed" and "WaitingHuman" in states, states
+    assert states[0] != "Queued" and states[-1] == "Completed" and "WaitingHuman" in states, states
     assert all(a != b for a, b in itertools.pairwise(told)), told
