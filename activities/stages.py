@@ -143,7 +143,10 @@ class StageActivities(ClosingActivities):
         where the INTENT is that send's write-ahead (None: a marker of its own precedes each send). Only where
         the vendor deduplicates on our key and finds a job by it: an INTENT that reads "maybe sent" when
         nothing was is then resolved by a resubmission under the key, or a lookup, never by a second job."""
-        adapter = self.adapters.get(route)
+        try:
+            adapter = self.adapters.get(route)
+        except Exception:  # a fallback whose adapter cannot be built: no claim; its dispatch will say why
+            return None
         if adapter.capabilities.free or not _found_by_key(adapter):
             return None
         return adapter.route.timeouts.request + AHEAD_SLACK_S

@@ -11,6 +11,7 @@ resumes routes, records observations and qualifications, and reads route health.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -438,7 +439,7 @@ class RouteStore:
             return _observe(conn, route, what, key, policy)
 
     def observe_all(
-        self, observations: list[tuple[str, Observation, str | None, BreakerPolicy]]
+        self, observations: Sequence[tuple[str, Observation, str | None, BreakerPolicy]]
     ) -> list[str | None]:
         """``observe`` for each ``(route, what, key, policy)``, in one transaction (a review's first reviews
         of every routed output it judged: one commit, not one per output), routes in a fixed order so two

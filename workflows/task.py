@@ -24,7 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import Priority
+from temporalio.common import Priority, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -188,7 +188,7 @@ class TaskWorkflow:
         # The run was recorded with STEADY_PATCHES_V3: the search attributes are upserted once a workflow task
         # has nothing else to do (``_untold``: the latest not yet upserted; ``_tell_when_idle``).
         self._tell_idle = False
-        self._untold: list[Any] | None = None
+        self._untold: list[SearchAttributeUpdate[Any]] | None = None
         self._teller: asyncio.Task[None] | None = None
         self._locals = 0  # local activities awaited now
         self._current = False  # the run was recorded with STEADY_PATCHES (``_has``)
@@ -469,7 +469,7 @@ class TaskWorkflow:
         if not self._has(UI_STORY):
             return
         self._told, self._told_at, self._told_spent = told, workflow.now(), p.spent
-        attributes = [
+        attributes: list[SearchAttributeUpdate[Any]] = [
             PROJECT.value_set(p.plan.project),
             EPISODE.value_set(p.plan.episode or ""),
             STATE.value_set(p.state.value),
