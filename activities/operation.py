@@ -244,7 +244,12 @@ class Operation:
             left, self.ahead_until = self.ahead_until - time.monotonic(), None  # one use
             if left >= timeout_s:
                 # The INTENT this attempt wrote is send 1's write-ahead, and the send still fits its window.
-                activity.logger.info("submitting send 1 under its INTENT's write-ahead (%.1fs left)", left)
+                activity.logger.info(
+                    "submitting send 1 under its INTENT's write-ahead"
+                    " (the client gives up after %gs; %.1fs of the window left)",
+                    timeout_s,
+                    left,
+                )
                 return n
         marker = SystemMarker(
             kind=MarkerKind.SUBMITTING, node=self.node, operation_key=self.key, send=n, timeout_s=timeout_s

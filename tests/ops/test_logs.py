@@ -69,7 +69,10 @@ async def test_every_line_an_operation_logs_is_json_naming_it_and_no_line_holds_
             "opened: nothing sent yet",
             "reconciled: submit (never sent)",
         ], messages
-        assert messages[3].startswith("submitting send 1 (the client gives up after "), messages
+        # The built-in routes find jobs by our key: the INTENT is the send's write-ahead.
+        assert messages[3].startswith(
+            "submitting send 1 under its INTENT's write-ahead (the client gives up after "
+        ), messages
         assert messages[-1].startswith("result recorded: Outcome, cost "), messages
     for node in ("art/S01", "art/S02"):
         [anomaly] = [line for line in ours if line["node"] == node and line["level"] == "WARNING"]
