@@ -537,7 +537,7 @@ async def routed(
     assert intent.operation_key is not None
 
     wrote = False
-    with telemetry.span("ledger.intent", {"ledgerflow.reservation": str(inp.estimate)}):
+    with telemetry.span("ledger.intent", {"ledgerflow.reservation": str(inp.estimate)}) as span:
         try:
             rows = await asyncio.to_thread(
                 recorder.append_fenced,
@@ -550,6 +550,9 @@ async def routed(
                 human_capacity=human_capacity,
             )
             wrote = True  # by this attempt: a retry finds it on record (below)
+            window = next((r.payload.get(SEND_AHEAD) for r in rows if r.dedup_key == intent.dedup_key), None)
+            if window is not None:  # the INTENT is send 1's write-ahead: the trace shows it
+                span.set_attribute("ledgerflow.send_ahead_s", float(window))
             mark("intent_recorded", task=task_id, op=intent.operation_key)
             activity.logger.info("INTENT recorded, %s reserved", inp.estimate)
         except DuplicateEvent:

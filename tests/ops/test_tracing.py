@@ -172,11 +172,12 @@ async def test_a_task_is_one_trace_from_the_clients_start_to_each_vendor_call_an
         assert (run.attributes or {}).get("ledgerflow.route") == "image.keyframe", shown
 
         steps = [c for c in children(run) if c.name != "vendor.get"]  # a poll, if the job was not done yet
+        # The built-in routes find jobs by our key: the INTENT is the send's write-ahead (no marker of its
+        # own).
         assert [c.name for c in steps] == [
             "ledger.intent",
             "ledger.open",
             "reconcile",
-            "ledger.submitting",
             "vendor.submit",
             "vendor.download",
             "ledger.result",
@@ -191,9 +192,10 @@ async def test_a_task_is_one_trace_from_the_clients_start_to_each_vendor_call_an
         ), shown
         job = (submit.attributes or {}).get("ledgerflow.job_id")
         assert job and (named["vendor.download"].attributes or {}).get("ledgerflow.job_id") == job, shown
-        # Write-ahead, as the trace shows it: the marker is written before the send leaves, and the result
-        # after the output was fetched.
-        assert (named["ledger.submitting"].end_time or 0) <= (submit.start_time or 0), shown
+        # Write-ahead, as the trace shows it: the INTENT, naming its window for send 1, is written before the
+        # send leaves, and the result after the output was fetched.
+        assert (named["ledger.intent"].attributes or {}).get("ledgerflow.send_ahead_s", 0) > 0, shown
+        assert (named["ledger.intent"].end_time or 0) <= (submit.start_time or 0), shown
         assert (named["vendor.download"].end_time or 0) <= (named["ledger.result"].start_time or 0), shown
         assert (named["ledger.result"].attributes or {}).get("ledgerflow.event") == "Outcome", shown
         # Money on the trace (issue 27 §3): what the result booked, as the ledger holds it.
