@@ -1,11 +1,14 @@
 """A quick job's id is written with its result, not on its own (issue 28: fewer ledger writes per node).
 
-Where the vendor deduplicates on our key and finds a job by it (an idempotent route), the job id is written by
-the first poll that sees the job still running — or, for a job that ends by then, with its result: one write
-transaction fewer per node. Where it cannot (a route in mode ``none``), the id is written the moment the
-vendor answers, as before: it is the only way back to the job after a crash. The crash between the vendor's
-answer and the first poll is tests/faults/test_vendor_faults.py (one charge in idempotent and lookup modes).
-The route's ok observation (what its breaker counts calls by) is written in the result's transaction too.
+Where the vendor deduplicates on our key and finds a job by it (an idempotent route), the INTENT is the
+first send's write-ahead (no ``submitting`` marker of its own), and the job id is written by the first poll
+that sees the job still running after RECORD_RUNNING_AFTER_S (2 s) — or, for a job that ends by then, with
+its result: two writes for a quick node. Where it cannot (a route in mode ``none``), a marker precedes the
+send and the id is written the moment the vendor answers, as before: it is the only way back to the job after
+a crash. The crash between the vendor's answer and the first poll is tests/faults/test_vendor_faults.py
+(one charge in idempotent and lookup modes); the crash under the INTENT's write-ahead,
+tests/faults/test_kill_points.py. The route's ok observation (what its breaker counts calls by) is written in
+the result's transaction too.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ def kinds_of(lf: Any, task_id: str, op: str) -> list[str]:
 @pytest.mark.parametrize(
     ("mode", "latency", "expected"),
     [
-        # Ends by its first poll: its id arrives with the Outcome.
-        (VendorMode.IDEMPOTENT, 0.01, ["Intent", "submitting", "Outcome"]),
-        # Still running at its first poll: on record from then on.
-        (VendorMode.IDEMPOTENT, 1.0, ["Intent", "submitting", "Progress", "Outcome"]),
+        # Ends at once, or within RECORD_RUNNING_AFTER_S: its id arrives with the Outcome.
+        (VendorMode.IDEMPOTENT, 0.01, ["Intent", "Outcome"]),
+        (VendorMode.IDEMPOTENT, 1.0, ["Intent", "Outcome"]),
+        # Still running after it: on record from then on.
+        (VendorMode.IDEMPOTENT, 3.0, ["Intent", "Progress", "Outcome"]),
         # A vendor that cannot find the job by our key: the id is written at once, however quick the job.
         (VendorMode.NONE, 0.01, ["Intent", "submitting", "Progress", "Outcome"]),
     ],

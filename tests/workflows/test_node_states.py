@@ -33,9 +33,10 @@ def collapse(seen: list[str]) -> list[str]:
 
 
 async def test_a_node_goes_leased_running_waiting_human_succeeded_and_unrun_nodes_end_cancelled(lf, sim):
-    # The vendor answers the submit after 0.8 s (the job exists meanwhile): the attempt is leased that long.
+    # The vendor answers the submit after 0.8 s (the job exists meanwhile): the attempt is leased that long;
+    # running once its id is on record, 2 s into the job (RECORD_RUNNING_AFTER_S).
     await sim.configure(
-        executors={"image.keyframe": {"slow": 1.0, "slow_seconds": 0.8, "latency_seconds": 2.0}}
+        executors={"image.keyframe": {"slow": 1.0, "slow_seconds": 0.8, "latency_seconds": 3.5}}
     )
     plan = lf.plan(BOARD)
     handle = await lf.start(plan)

@@ -45,14 +45,17 @@ async def test_a_hung_job_is_cancelled_after_stall_after_and_the_node_retries(lf
     assert result.state == "Completed", result.summary
     events = lf.recorder.read_events(plan.task_id)
     first = operation_key(plan.task_id, "shot", 1)
-    [accepted] = [e for e in events if e.type == "Progress" and e.operation_key == first]
+    # The INTENT is the send's write-ahead (the job's id reaches the ledger with its failure: it stalled
+    # before RECORD_RUNNING_AFTER_S): the job was accepted after it, so it waited at least this long.
+    [intent] = [e for e in events if e.type == "Intent" and e.operation_key == first]
     [stalled] = [e for e in events if e.type == "Failure" and e.operation_key == first]
     failure = parse(stalled)
     assert isinstance(failure, Failure) and failure.kind == FailureKind.STALLED, failure
     assert f"no progress for {STALL_AFTER:g}s" in failure.error
-    waited = (stalled.recorded_at - accepted.recorded_at).total_seconds()
-    assert STALL_AFTER <= waited < STALL_AFTER + 8, f"cancelled {waited:.1f}s after it was accepted"
-    job = (await sim.http.get(f"/jobs/{parse(accepted).job_id}")).json()
+    waited = (stalled.recorded_at - intent.recorded_at).total_seconds()
+    assert STALL_AFTER <= waited < STALL_AFTER + 8, f"cancelled {waited:.1f}s after it was sent"
+    assert failure.job_id is not None
+    job = (await sim.http.get(f"/jobs/{failure.job_id}")).json()
     assert job["status"] == "cancelled", "the hung job was cancelled at the vendor"
     second = operation_key(plan.task_id, "shot", 2)
     [outcome] = [parse(e) for e in events if e.type == "Outcome" and e.operation_key == second]
