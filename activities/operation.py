@@ -115,6 +115,8 @@ class Operation:
         # Where this attempt wrote the operation's INTENT, and the INTENT is send 1's write-ahead
         # (``rules.operation.SEND_AHEAD``): until when (time.monotonic) send 1 may still leave under it.
         self.ahead_until: float | None = None
+        # Whether that claim is this attempt's and still unused (None: not decided yet, at the first open).
+        self._claim_unused: bool | None = None
         bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
@@ -145,19 +147,29 @@ class Operation:
 
     def _own_ahead(self, state: OperationState, asked: float) -> OperationState:
         """The record as this attempt knows it: where it wrote the INTENT a moment ago and that INTENT is the
-        write-ahead of send 1 (``rules.operation.SEND_AHEAD``), nothing was sent yet, whatever the record says
-        to anyone else. Keeps until when (``ahead_until``, measured from the database's clock: the INTENT's
-        time and the read's ``now``) send 1 may still leave under it; ``sending`` uses it once."""
-        if _FRESH_INTENT.get() != self.key or state.intent is None or state.result is not None:
+        write-ahead of send 1 (``rules.operation.SEND_AHEAD``), nothing left under it until ``sending`` uses
+        it, whatever the record says to anyone else. Decided at the attempt's first open; at each open until
+        the claim is used, the INTENT's send is left out of the state (a marker written meanwhile stays in).
+        Keeps until when (``ahead_until``, measured from the database's clock: the INTENT's time and the
+        read's ``now``) send 1 may still leave under it."""
+        intent = state.intent
+        if self._claim_unused is None:  # the attempt's first open
+            self._claim_unused = (
+                _FRESH_INTENT.get() == self.key
+                and intent is not None
+                and intent.payload.get(SEND_AHEAD) is not None
+                and state.result is None
+                and state.job_id is None
+                and [s.n for s in state.sends] == [AHEAD_SEND]
+                and not state.refused
+            )
+            if self._claim_unused and intent is not None:
+                window = float(intent.payload[SEND_AHEAD])
+                self.ahead_until = asked + window - (state.now - intent.recorded_at).total_seconds()
+        if not self._claim_unused or intent is None:
             return state
-        window = state.intent.payload.get(SEND_AHEAD)
-        if window is None or state.job_id is not None or [s.n for s in state.sends] != [AHEAD_SEND]:
-            return state  # not written ahead, or the operation went further (another attempt at once)
-        if state.refused:
-            return state
-        left = float(window) - (state.now - state.intent.recorded_at).total_seconds()
-        self.ahead_until = asked + left
-        return dataclasses.replace(state, sends=())
+        claim = (AHEAD_SEND, intent.recorded_at)
+        return dataclasses.replace(state, sends=tuple(s for s in state.sends if (s.n, s.at) != claim))
 
     def check_fence(self) -> None:
         """StaleEpoch unless this run's epoch was still the task's when ``open`` read it: before a vendor is
@@ -240,9 +252,11 @@ class Operation:
         reconciles, which then sees that send.
         """
         n = state.next_send
-        if n == AHEAD_SEND and self.ahead_until is not None:
+        if n == AHEAD_SEND and self.ahead_until is not None and self._claim_unused:
             left, self.ahead_until = self.ahead_until - time.monotonic(), None  # one use
             if left >= timeout_s:
+                # From here on this attempt, too, reads send 1 as maybe sent (a cancellation's close looks).
+                self._claim_unused = False
                 # The INTENT this attempt wrote is send 1's write-ahead, and the send still fits its window.
                 activity.logger.info(
                     "submitting send 1 under its INTENT's write-ahead"
