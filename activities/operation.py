@@ -65,7 +65,7 @@ from rules.keys import (
     submitting_key,
 )
 from rules.money import VendorAmount
-from rules.operation import AHEAD_SEND, SEND_AHEAD, fold_operation
+from rules.operation import AHEAD_SEND, fold_operation
 from rules.routing import BreakerPolicy, RouteHealth
 from runtime import logs, telemetry
 from runtime.faults import mark
@@ -112,11 +112,11 @@ class Operation:
         # own transaction (``observed``: it did), not in one more of its own.
         self.observing: tuple[str, BreakerPolicy] | None = None
         self.observed = False
-        # Where this attempt wrote the operation's INTENT, and the INTENT is send 1's write-ahead
-        # (``rules.operation.SEND_AHEAD``): until when (time.monotonic) send 1 may still leave under it.
-        self.ahead_until: float | None = None
-        # Whether that claim is this attempt's and still unused (None: not decided yet, at the first open).
+        # Whether the INTENT's write-ahead of send 1 (``OperationState.ahead``) is this attempt's own and
+        # still unused (None: not decided yet, at the first open), and until when (time.monotonic) send 1 may
+        # still leave under it (None once used, or once a send no longer fit).
         self._claim_unused: bool | None = None
+        self._ahead_until: float | None = None
         bind(task_id, node, key, epoch, route)
 
     # ── opening ───────────────────────────────────────────────────────────────────────────────────────
@@ -147,29 +147,26 @@ class Operation:
 
     def _own_ahead(self, state: OperationState, asked: float) -> OperationState:
         """The record as this attempt knows it: where it wrote the INTENT a moment ago and that INTENT is the
-        write-ahead of send 1 (``rules.operation.SEND_AHEAD``), nothing left under it until ``sending`` uses
-        it, whatever the record says to anyone else. Decided at the attempt's first open; at each open until
-        the claim is used, the INTENT's send is left out of the state (a marker written meanwhile stays in).
-        Keeps until when (``ahead_until``, measured from the database's clock: the INTENT's time and the
-        read's ``now``) send 1 may still leave under it."""
-        intent = state.intent
+        write-ahead of send 1 (``state.ahead``), nothing left under it until ``sending`` uses it, whatever the
+        record says to anyone else. Decided at the attempt's first open; at each open until the claim is
+        used, the INTENT's send is left out of the state (a marker written meanwhile stays in). Keeps until
+        when (``_ahead_until``, measured from the database's clock: the INTENT's time and the read's ``now``)
+        send 1 may still leave under it."""
+        claim = state.ahead
         if self._claim_unused is None:  # the attempt's first open
             self._claim_unused = (
                 _FRESH_INTENT.get() == self.key
-                and intent is not None
-                and intent.payload.get(SEND_AHEAD) is not None
+                and claim is not None
+                and state.sends == (claim,)
                 and state.result is None
                 and state.job_id is None
-                and [s.n for s in state.sends] == [AHEAD_SEND]
                 and not state.refused
             )
-            if self._claim_unused and intent is not None:
-                window = float(intent.payload[SEND_AHEAD])
-                self.ahead_until = asked + window - (state.now - intent.recorded_at).total_seconds()
-        if not self._claim_unused or intent is None:
+            if self._claim_unused and claim is not None:
+                self._ahead_until = asked + claim.timeout_s - (state.now - claim.at).total_seconds()
+        if not self._claim_unused or claim is None:
             return state
-        claim = (AHEAD_SEND, intent.recorded_at)
-        return dataclasses.replace(state, sends=tuple(s for s in state.sends if (s.n, s.at) != claim))
+        return dataclasses.replace(state, sends=tuple(s for s in state.sends if s != claim))
 
     def check_fence(self) -> None:
         """StaleEpoch unless this run's epoch was still the task's when ``open`` read it: before a vendor is
@@ -252,8 +249,8 @@ class Operation:
         reconciles, which then sees that send.
         """
         n = state.next_send
-        if n == AHEAD_SEND and self.ahead_until is not None and self._claim_unused:
-            left, self.ahead_until = self.ahead_until - time.monotonic(), None  # one use
+        if n == AHEAD_SEND and self._ahead_until is not None:  # set only while the claim is unused
+            left, self._ahead_until = self._ahead_until - time.monotonic(), None  # one use
             if left >= timeout_s:
                 # From here on this attempt, too, reads send 1 as maybe sent (a cancellation's close looks).
                 self._claim_unused = False
@@ -564,9 +561,6 @@ async def routed(
                 human_capacity=human_capacity,
             )
             wrote = True  # by this attempt: a retry finds it on record (below)
-            window = next((r.payload.get(SEND_AHEAD) for r in rows if r.dedup_key == intent.dedup_key), None)
-            if window is not None:  # the INTENT is send 1's write-ahead: the trace shows it
-                span.set_attribute("ledgerflow.send_ahead_s", float(window))
             mark("intent_recorded", task=task_id, op=intent.operation_key)
             activity.logger.info("INTENT recorded, %s reserved", inp.estimate)
         except DuplicateEvent:
@@ -582,10 +576,13 @@ async def routed(
         except LedgerError as e:
             activity.logger.info("INTENT refused: %s", e)
             cross(e)
+        record = fold_operation(rows)
+        if wrote and record.ahead is not None:  # the INTENT is send 1's write-ahead: the trace shows it
+            span.set_attribute("ledgerflow.send_ahead_s", record.ahead.timeout_s)
     token = _WRITTEN.set(rows)
     fresh = _FRESH_INTENT.set(intent.operation_key if wrote else None)
     try:
-        result = await body(fold_operation(rows).route)
+        result = await body(record.route)
     finally:
         _FRESH_INTENT.reset(fresh)
         _WRITTEN.reset(token)

@@ -46,6 +46,7 @@ from workflows.contracts import TaskInput, starting_story, workflow_id
 from workflows.task import TaskWorkflow
 
 SIM_KEY = "bench-key"
+TX_LABELS = ("", "node", "review")  # the task's whole count, the stage nodes' own, the review node's own
 E001 = Path(__file__).resolve().parents[1] / "examples" / "e001_video.yaml"
 PLAN = """
 goal: benchmark DAG
@@ -212,9 +213,10 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
                 "postgres": pg.postmaster_pid(work / "pg" / "data") or 0,
             }
             cpu: dict[str, dict[str, float]] = {k: dict.fromkeys(pids, 0.0) for k in contenders}
-            tx: dict[str, txcount.Counts] = dict.fromkeys(contenders, txcount.Counts())
-            node_tx: dict[str, txcount.Counts] = dict.fromkeys(contenders, txcount.Counts())
-            review_tx: dict[str, txcount.Counts] = dict.fromkeys(contenders, txcount.Counts())
+            # Transactions by txcount label: "" all, "node" the stage executors', "review" the review's.
+            tx: dict[str, dict[str, txcount.Counts]] = {
+                k: dict.fromkeys(TX_LABELS, txcount.Counts()) for k in contenders
+            }
             lat: dict[str, list[float]] = {k: [] for k in contenders}
             thr: dict[str, list[float]] = {k: [] for k in contenders}
             ids: dict[str, list[str]] = {k: [] for k in contenders}
@@ -222,17 +224,12 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
                 for name, fn in contenders.items():
                     lat[name].append(await latency(fn, n_latency, ids[name]))
                 for name, fn in contenders.items():
-                    before, counted, by_nodes, by_review = (
-                        cpu_seconds(pids),
-                        txcount.snapshot(),
-                        txcount.snapshot("node"),
-                        txcount.snapshot("review"),
-                    )
+                    before = cpu_seconds(pids)
+                    counted = {label: txcount.snapshot(label or None) for label in TX_LABELS}
                     thr[name].append(await throughput(fn, n_throughput))
                     after = cpu_seconds(pids)
-                    tx[name] = tx[name] + (txcount.snapshot() - counted)
-                    node_tx[name] = node_tx[name] + (txcount.snapshot("node") - by_nodes)
-                    review_tx[name] = review_tx[name] + (txcount.snapshot("review") - by_review)
+                    for label in TX_LABELS:
+                        tx[name][label] += txcount.snapshot(label or None) - counted[label]
                     for proc_name in pids:
                         cpu[name][proc_name] += (after[proc_name] - before[proc_name]) / (n_throughput * reps)
                 print(
@@ -271,7 +268,7 @@ async def main(reps: int, n_latency: int, n_throughput: int, only: list[str] | N
     writes_per_node = float("nan")
     if "ledgerflow" in tx:
         runs = n_throughput * reps
-        t, nt, rt = tx["ledgerflow"], node_tx["ledgerflow"], review_tx["ledgerflow"]
+        t, nt, rt = (tx["ledgerflow"][label] for label in TX_LABELS)
         writes_per_node = nt.writes / runs / stages
         per_task = (
             f"{t.writes / runs:.1f} writes, {t.reads / runs:.1f} reads, {t.rollbacks / runs:.2f} rolled back"

@@ -74,6 +74,8 @@ class OperationRecord:
     # Its INTENT event (None: none among the events), whose fields are folded above. Keyword-only with a
     # default, so a subclass's fields may follow it and a record built by hand needs none; not compared.
     intent: StoredEvent | None = field(default=None, kw_only=True, compare=False, repr=False)
+    # The send its INTENT stands for as the write-ahead (``SEND_AHEAD``), also among ``sends``; None: none.
+    ahead: Send | None = field(default=None, kw_only=True)
 
     @property
     def dispatched(self) -> bool:
@@ -127,6 +129,7 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
     job_id: str | None = None
     jobs: dict[str, None] = {}  # ordered, each once
     sends: list[Send] = []
+    ahead: Send | None = None
     refused: set[int] = set()
     refused_5xx: set[int] = set()
     late: list[LateCharge] = []
@@ -141,7 +144,8 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
         elif e.type == "Intent" and intent is None:
             intent = e
             if (window := e.payload.get(SEND_AHEAD)) is not None:
-                sends.append(Send(AHEAD_SEND, e.recorded_at, float(window)))
+                ahead = Send(AHEAD_SEND, e.recorded_at, float(window))
+                sends.append(ahead)
         elif e.type == "Progress":
             job_id = str(e.payload["job_id"])
             jobs[job_id] = None
@@ -182,6 +186,7 @@ def fold_operation(events: Iterable[StoredEvent]) -> OperationRecord:
         late_charges=tuple(late),
         anomalies=tuple(anomalies),
         intent=intent,
+        ahead=ahead,
     )
 
 

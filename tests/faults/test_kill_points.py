@@ -24,12 +24,8 @@ from faultkit import (
 )
 
 from rules.envelope import StoredEvent
-from rules.operation import SEND_AHEAD, fold_operation
+from rules.operation import fold_operation
 from rules.plan import Plan
-
-
-def seen_intent(seen: list[StoredEvent], op: str) -> StoredEvent:
-    return next(e for e in seen if e.operation_key == op and e.type == "Intent")
 
 
 async def freeze_at(
@@ -77,7 +73,8 @@ async def test_kill_after_vendor_accept_before_progress(rig, sim):
     # The INTENT, written ahead of the send (the vendor dedups on the key and finds jobs by it), and no
     # Progress yet: the ledger does not know the job id.
     assert kinds == [("Intent", None)], "a marker or Progress written before the point"
-    assert seen_intent(seen, op).payload[SEND_AHEAD] > 0
+    ahead = fold_operation(e for e in seen if e.operation_key == op).ahead
+    assert ahead is not None and ahead.timeout_s > 0, "the INTENT is not send 1's write-ahead"
     await rig.crash(w1)
     await recover_and_check(rig, sim, plan.task_id, op, seen)
 
