@@ -74,8 +74,11 @@ class Settings(BaseSettings):
     # (100 by default; the embedded stack sets 200) with room for the CLI and the reviewer page.
     db_pool_size: int = Field(default=10, ge=1, le=200)
     # How long a workflow task waits for the worker that ran the workflow last (its cache) before any worker
-    # may take it. After that worker dies, its workflows' next step waits this long (Temporal's default 10 s).
-    sticky_schedule_to_start_seconds: float = Field(default=2.0, gt=0, le=60)
+    # may take it (Temporal's default, 10 s). Shorter, and a busy worker's workflows are replayed elsewhere
+    # from their full histories (at 2 s a quarter of the soak's workflow tasks were). An activity retried
+    # after its worker died frees its workflow at once (runtime/stickiness.py); a dead worker's other
+    # workflows wait up to this long.
+    sticky_schedule_to_start_seconds: float = Field(default=10.0, gt=0, le=60)
     # What the vendor can do after a crash: idempotent (same key → same job), lookup_only, or none. Applies to
     # the built-in route table only; a route file sets each route's mode.
     vendor_mode: Literal["idempotent", "lookup_only", "none"] = "idempotent"
