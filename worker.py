@@ -199,7 +199,7 @@ def compile_workflow_modules(dirs: Iterable[str] | None = None) -> bool:
     ok = all([compileall.compile_dir(d, quiet=2, maxlevels=0) for d in dirs or workflows.__path__])
     if not ok:
         log.warning("the workflow modules' bytecode caches could not be written: each run compiles them")
-    return bool(ok)
+    return ok
 
 
 async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:

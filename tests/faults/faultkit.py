@@ -42,16 +42,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError
 
 from ledger.recorder import Recorder
 from rules.actions import OPERATION_KINDS
 from rules.envelope import StoredEvent
 from rules.events import vendor_spend
 from rules.plan import Plan, load_plan
+from runtime.stickiness import release
 from vendors.routes import DEFAULT_ROUTES
 from workflows.contracts import TaskInput, TaskResult, workflow_id
 from workflows.task import TaskWorkflow
@@ -362,13 +360,7 @@ class FaultRig:
     async def unstick(self) -> None:
         """Forget which worker caches each task's workflow (what a graceful worker shutdown does)."""
         for task_id in self.handles:
-            with contextlib.suppress(RPCError):
-                await self.client.workflow_service.reset_sticky_task_queue(
-                    ResetStickyTaskQueueRequest(
-                        namespace=self.client.namespace,
-                        execution=WorkflowExecution(workflow_id=workflow_id(task_id)),
-                    )
-                )
+            await release(self.client, self.client.namespace, workflow_id(task_id), None)
 
     # ── the ledger ───────────────────────────────────────────────────────────────────────────────────
     def events(self, task_id: str) -> list[StoredEvent]:
