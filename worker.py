@@ -93,6 +93,7 @@ async def build_worker(
         price_history=settings.price_history,
         price_cache_s=settings.price_cache_seconds,
         notify_projects=frozenset(settings.notify_webhooks),
+        active_tasks=settings.active_tasks,
     )
     store.sweep_temp()  # temp files of uploads interrupted by a crash: never registered, safe to delete
     waker = None
@@ -132,6 +133,8 @@ async def build_worker(
             ledger.append,
             ledger.mark,
             ledger.read,
+            ledger.admit,
+            ledger.release,
             stages.run,
             stages.close,
             stages.sweep,

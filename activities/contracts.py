@@ -28,6 +28,9 @@ class Activity(StrEnum):
     APPEND = "ledger.append"
     MARK = "ledger.mark"
     READ = "ledger.read"
+    # Admission at the task level (ledger.admission): a waiting task asks again; an ending task leaves.
+    ADMIT = "ledger.admit"
+    RELEASE = "ledger.release"
     # Executors: one operation each (activities/stages.py, activities/review.py).
     STAGE_RUN = "stage.run"
     COMPOSE_RUN = "compose.run"
@@ -279,6 +282,28 @@ class OpenTaskInput(BaseModel):
     # At most this many events in the result (None: all, as runs recorded before paging asked); the rest are
     # read in pages of the same size, so no payload outgrows Temporal's 2 MB limit.
     limit: int | None = None
+    # Admission (ledger.admission): the task queue whose workers the bound protects, and the task's rank in
+    # its waiting line (workflows.policies.slot_priority at no progress: 1 hero, 3 standard, 5 background).
+    # Runs recorded before admission sent neither, and were never queued.
+    queue: str = ""
+    rank: int = 3
+
+
+class AdmitInput(BaseModel):
+    """A waiting task asks again (``ledger.admit``); an ending one leaves (``ledger.release``)."""
+
+    task_id: str
+    queue: str
+    rank: int = 3
+
+
+class AdmitResult(BaseModel):
+    """A task's place in its admission queue (ledger.admission.Admission), and the tasks to wake."""
+
+    admitted: bool = True  # the task may run its work
+    held: bool = False  # it holds a place: its last run releases it as the task ends
+    ahead: int = 0  # waiting tasks ranked before it
+    woken: list[str] = []  # other tasks this admitted: the workflow signals each
 
 
 class OpenTaskResult(BaseModel):
@@ -288,6 +313,9 @@ class OpenTaskResult(BaseModel):
     # The worker's configuration names a webhook for the task's project: the run tells it of each request
     # (people.notify). False in runs recorded before notifications (nothing was told).
     notify: bool = False
+    # Admission (ledger.admission), as the open found it; a run recorded before admission was admitted, held
+    # no place and woke nobody.
+    admission: AdmitResult = AdmitResult()
 
 
 class NotifyInput(BaseModel):

@@ -18,6 +18,8 @@ from temporalio.exceptions import ApplicationError
 from activities.boundary import cross
 from activities.contracts import (
     Activity,
+    AdmitInput,
+    AdmitResult,
     AppendInput,
     ErrorType,
     MarkInput,
@@ -48,8 +50,12 @@ class LedgerActivities:
         price_history: int = 0,
         price_cache_s: float = 60.0,
         notify_projects: frozenset[str] = frozenset(),
+        active_tasks: int = 0,
     ) -> None:
         self.recorder = recorder
+        # Tasks of one task queue that run their work at once (ledger.admission; settings.active_tasks). 0: no
+        # bound, and a new task never enters the queue.
+        self.active_tasks = active_tasks
         # This deployment's routes: a new task's plan is validated against them (None: not validated), and
         # their declared prices go into its price book (rules.pricing).
         self.table = table
@@ -90,6 +96,12 @@ class LedgerActivities:
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id, limit=None if inp.limit is None else inp.limit + 1)
+        fresh = not events or not any(e.type == "Intent" for e in events)  # no work asked for yet
+        admission = AdmitResult()
+        if inp.queue and (self.active_tasks > 0 or not fresh):
+            # A new task enters the queue; a later run of one that entered finds its place (and is woken
+            # with the rest if the bound was lifted). A fresh task with no bound asks nothing.
+            admission = self._admit(inp.task_id, inp.queue, inp.rank, enter=fresh)
         if not events:
             created = to_new(
                 TaskCreated(plan=inp.plan, prices=self._price_book(inp.plan)),
@@ -104,8 +116,26 @@ class LedgerActivities:
             events = self.recorder.read_events(inp.task_id)
         notify = inp.plan.project in self.notify_projects or "*" in self.notify_projects
         if inp.limit is not None and len(events) > inp.limit:
-            return OpenTaskResult(epoch=epoch, events=events[: inp.limit], complete=False, notify=notify)
-        return OpenTaskResult(epoch=epoch, events=events, notify=notify)
+            return OpenTaskResult(
+                epoch=epoch, events=events[: inp.limit], complete=False, notify=notify, admission=admission
+            )
+        return OpenTaskResult(epoch=epoch, events=events, notify=notify, admission=admission)
+
+    @activity.defn(name=Activity.ADMIT)
+    def admit(self, inp: AdmitInput) -> AdmitResult:
+        """A waiting task asks again: its place now, and the tasks admitted meanwhile (the caller wakes
+        them)."""
+        return self._admit(inp.task_id, inp.queue, inp.rank, enter=False)
+
+    @activity.defn(name=Activity.RELEASE)
+    def release(self, inp: AdmitInput) -> AdmitResult:
+        """The task ended: it leaves its queue; the tasks admitted in its place are returned, to be woken."""
+        woken = self.recorder.release_admission(inp.task_id, inp.queue, self.active_tasks)
+        return AdmitResult(admitted=True, held=False, woken=list(woken))
+
+    def _admit(self, task_id: str, queue: str, rank: int, *, enter: bool) -> AdmitResult:
+        a = self.recorder.admit(task_id, queue, rank, self.active_tasks, enter=enter)
+        return AdmitResult(admitted=a.admitted, held=a.held, ahead=a.ahead, woken=list(a.woken))
 
     def _price_book(self, plan: Plan) -> PriceBook:
         """What each stage's routes say a node costs, now: their declared bounds (the route table) and learned

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # Alembic is imported only where it is used: loading it costs ~0.1 s, and every start calls check, which
 # does not need it while the database is at HEAD.
 
-HEAD: Final = "0011"
+HEAD: Final = "0012"
 """The revision this ledgerflow needs: the newest in ``ledger/migrations/versions`` (a test checks it)."""
 
 SCRIPTS: Final = Path(__file__).resolve().with_name("migrations")

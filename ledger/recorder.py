@@ -42,7 +42,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from ledger import accounts, approvals, migrate, routes, txcount
+from ledger import accounts, admission, approvals, migrate, routes, txcount
 from ledger.accounts import Account, AccountStore
 from ledger.approvals import ApprovalStore
 from ledger.errors import AlreadyResolved, DuplicateEvent, LedgerError, RouteWaiting, StaleEpoch, TaskNotFound
@@ -488,6 +488,19 @@ class Recorder(AccountStore, RouteStore, ApprovalStore):
         if stored.task_id != task_id:
             raise DuplicateEvent(event.dedup_key)
         return stored, False
+
+    def admit(
+        self, task_id: str, queue: str, rank: int, capacity: int, *, enter: bool
+    ) -> admission.Admission:
+        """Ask for the task's admission to run its work (ledger.admission): its place in ``queue``, and the
+        other tasks this admitted."""
+        with translated(), self._engine.begin() as conn:
+            return admission.admit(conn, task_id, queue, rank, capacity, enter=enter)
+
+    def release_admission(self, task_id: str, queue: str, capacity: int) -> tuple[str, ...]:
+        """The task ended: it leaves its admission queue; returns the tasks admitted in its place."""
+        with translated(), self._engine.begin() as conn:
+            return admission.release(conn, task_id, queue, capacity)
 
     def sync_human_queue(self, task_id: str) -> int:
         """Make the task's rows of ``human_queue`` what its ledger says — its open requests, none once it

@@ -245,6 +245,21 @@ human_queue: Final = Table(
     Index("ix_human_queue_scope", "scope"),
 )
 
+# Admission at the task level (ledger.admission): one row per task that entered a bounded queue — waiting
+# (``admitted_at`` NULL) or admitted — deleted when the task ends. ``queue`` is the Temporal task queue whose
+# workers the bound protects; ``rank`` orders the waiting (1 a hero task, 3 standard, 5 background), then
+# ``asked_at``. Counted as running: admitted rows of tasks with no open request to a person (human_queue).
+task_admission: Final = Table(
+    "task_admission",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("asked_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column("admitted_at", TIMESTAMP(timezone=True), nullable=True),
+    Index("ix_task_admission_queue", "queue", "rank", "asked_at"),
+)
+
 # The approver key registry (rules.approvers), append-only: ``add`` registers a public key with what it may
 # sign, ``revoke`` ends it, ``endorse`` records a root key's signature over an entry (``endorsed_by``: the
 # root's public key; ``endorsement``: its signature over rules.approvers.endorsement_message; revision 0009).

@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     decision_window_seconds: float = Field(default=600.0, gt=0, le=86_400)
     # Open requests a project's people can hold (rules.pressure): above it, fan-outs widen slowly. 0: off.
     human_capacity: int = Field(default=0, ge=0, le=100_000)
+    # Tasks of one task queue that run their work at once (ledger.admission): a new task past it waits, in
+    # order (hero first), before its first dispatch. A task waiting on a person does not count. Set it the
+    # same on every worker of a queue (docs/operations.md#admission). 0: no bound.
+    active_tasks: int = Field(default=0, ge=0, le=1_000_000)
     # Activities one worker runs at once (executors, ledger writes, closes).
     max_concurrent_activities: int = Field(default=64, ge=1, le=1000)
     # The worker's ledger connections: this many kept open, as many again opened under a burst (so at most

@@ -79,6 +79,7 @@ class DecisionRuling(BaseModel):
 
 DECIDE = "decide"  # the Update people's decisions are sent as (and the signal that stays for raw use)
 CHANGE = "change"  # the Update people's signed changes to a running task are sent as (rules.changes)
+ADMITTED = "admitted"  # the signal that wakes a task waiting for admission (ledger.admission): ask again now
 DECISION_REFUSED = "DecisionRefused"  # the ApplicationError type of a decision the Update's validator refuses
 
 

@@ -134,6 +134,18 @@ def slot_priority(priority: str, done: float) -> int:
     return base if done >= 0.5 else base + 1
 
 
+def admission_recheck(ahead: int) -> timedelta:
+    """How long a task waiting for admission (ledger.admission) waits before it asks again, if no ending task
+    wakes it first: longer the more tasks stand before it, so a thousand waiting tasks ask a few times a
+    second in all, not a thousand. The wake-up is the fast path; this is for one that was lost (its sender's
+    workflow terminated) and for places freed by a task that came to wait on a person."""
+    return timedelta(seconds=min(ADMISSION_RECHECK_MAX_S, ADMISSION_RECHECK_MIN_S + 2 * ahead))
+
+
+ADMISSION_RECHECK_MIN_S = 30
+ADMISSION_RECHECK_MAX_S = 900
+
+
 def start_priority(priority: str) -> Priority:
     """A task's workflow started with its place in the queues: its workflow tasks queue by it too (a
     thousand tasks' decisions compete for the workers as their activities do), and it is where its activities

@@ -36,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.boundary import error_text, error_type, refused_scope
     from activities.contracts import (
         Activity,
+        AdmitInput,
+        AdmitResult,
         AppendInput,
         ArrivalsInput,
         CloseInput,
@@ -95,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rules.table_versions import Decide, table
     from workflows.contracts import (
+        ADMITTED,
         CHANGE,
         DECIDE,
         DECISION_REFUSED,
@@ -107,6 +110,7 @@ with workflow.unsafe.imports_passed_through():
         DecisionRuling,
         TaskInput,
         TaskResult,
+        workflow_id,
     )
     from workflows.policies import (
         ADOPT_BEFORE_WAIT,
@@ -140,6 +144,7 @@ with workflow.unsafe.imports_passed_through():
         UI_STATES,
         UI_STORY,
         UNDO_BUDGET,
+        admission_recheck,
         slot_priority,
     )
 
@@ -197,12 +202,25 @@ class TaskWorkflow:
         self._input: TaskInput | None = None
         self._draining = False  # the history is long: dispatch nothing more, then continue as new
         self._opened_length = 0  # the history's length once the task was opened (its ledger read)
+        # Admission at the task level (ledger.admission): the task waits for its place before its first
+        # dispatch (``_queued``), holds one it gives back as the task ends (``_held``), stands behind
+        # ``_ahead`` others, and an ending task's signal says "ask again now" (``_admit_now``).
+        self._queued = False
+        self._held = False
+        self._ahead = 0
+        self._admit_now = False
 
     @workflow.signal(name=DECIDE)
     def decide_signal(self, decision: Any) -> None:
         """A person's decision. Taken as raw JSON on purpose: a malformed or unsigned payload must still be
         seen, rejected and audited by ``people.record_batch`` (the workflow never trusts or drops it)."""
         self._inbox.append((decision, workflow.now()))
+        self._woken = True
+
+    @workflow.signal(name=ADMITTED)
+    def admitted_signal(self) -> None:
+        """An ending task freed a place and the ledger gave it to this one (ledger.admission): ask now."""
+        self._admit_now = True
         self._woken = True
 
     @workflow.update(name=DECIDE)
@@ -259,6 +277,8 @@ class TaskWorkflow:
     def status(self) -> dict[str, Any]:
         if self._p is None:
             return {"task_id": self._task_id, "state": "Opening"}
+        if self._queued:  # waiting for admission (ledger.admission): no work started yet
+            return summary(self._p) | {"admission": {"waiting": True, "ahead": self._ahead}}
         return summary(self._p)
 
     @workflow.run
@@ -279,10 +299,16 @@ class TaskWorkflow:
             self._ui_states = workflow.patched(UI_STATES)
         self._table = (decide, RULES_VERSION) if remake else (table(8), 8)
         opening = OpenTaskInput(
-            task_id=inp.task_id, plan=inp.plan, holder=workflow.info().run_id, limit=LEDGER_PAGE
+            task_id=inp.task_id,
+            plan=inp.plan,
+            holder=workflow.info().run_id,
+            limit=LEDGER_PAGE,
+            queue=workflow.info().task_queue,
+            rank=slot_priority(inp.plan.priority, 0.0),
         )
         opened: OpenTaskResult = await self._local(Activity.OPEN_TASK, opening, OpenTaskResult)
         self._epoch = opened.epoch
+        await self._take_place(opened.admission)
         self._notify = opened.notify and workflow.patched(NOTIFY)
         self._p = p = fold(opened.events)
         if not opened.complete:  # a long ledger (a continued run, a takeover): the rest in pages
@@ -318,6 +344,11 @@ class TaskWorkflow:
                     self._continue_as_new(p)
             now = workflow.now()
             decided = self._decide(p, now)
+            if self._queued and (decided is None or isinstance(decided[1], Dispatch | StaticGate)):
+                # Not admitted yet: wait for a place before any work starts (what else the rules decide —
+                # a person's pause, the task's end at its time ceiling — goes on meanwhile).
+                await self._await_admission(p)
+                continue
             if decided is None:
                 decided = await self._ask_llm(p, now)
             rule, action = decided
@@ -351,6 +382,10 @@ class TaskWorkflow:
         # every one of them is in the audit trail.
         await self._take_decisions(p)
         self._tell(p)
+        if self._held:
+            # The task's place goes to the next waiting task: the ledger admits it, this run wakes it.
+            left = AdmitInput(task_id=p.task_id, queue=workflow.info().task_queue, rank=self._rank(p))
+            await self._take_place(await self._local(Activity.RELEASE, left, AdmitResult))
         # Every Update told its ruling returns it before the workflow ends (a decision arriving after the
         # task's end is refused by the validator: nothing to decide).
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -964,6 +999,36 @@ class TaskWorkflow:
     async def _alarm(self, at: datetime) -> None:
         await workflow.sleep(max(timedelta(0), at - workflow.now()))
         self._woken = True
+
+    # ── admission (ledger.admission) ─────────────────────────────────────────────────────────────────
+    @staticmethod
+    def _rank(p: Projection) -> int:
+        return slot_priority(p.plan.priority, 0.0)
+
+    async def _take_place(self, place: AdmitResult) -> None:
+        """Keep what the ledger said of this task's place, and wake the tasks it admitted meanwhile."""
+        self._queued, self._ahead = not place.admitted, place.ahead
+        self._held = place.held
+        wake = [
+            workflow.get_external_workflow_handle(workflow_id(t)).signal(ADMITTED)
+            for t in place.woken
+            if t != self._task_id
+        ]
+        if wake:
+            # A task that ended or was terminated meanwhile cannot be signalled: nothing to wake.
+            await asyncio.gather(*wake, return_exceptions=True)
+
+    async def _await_admission(self, p: Projection) -> None:
+        """Wait until an ending task wakes this one (or the recheck's timer, or anything else that wakes the
+        loop), then ask the ledger again."""
+        if not self._admit_now:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._admit_now or self._woken, timeout=admission_recheck(self._ahead)
+                )
+        self._woken = self._admit_now = False
+        ask = AdmitInput(task_id=p.task_id, queue=workflow.info().task_queue, rank=self._rank(p))
+        await self._take_place(await self._local(Activity.ADMIT, ask, AdmitResult))
 
     # ── waiting ──────────────────────────────────────────────────────────────────────────────────────
     async def _wait(self, p: Projection, action: Wait) -> None:

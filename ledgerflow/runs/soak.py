@@ -88,7 +88,10 @@ class SoakReport:
     heroes: set[str] = field(default_factory=set)  # the tasks run with priority: hero
     # Per task, in start order: its first and last event's time on the ledger's clock (None: not ended).
     spans: list[tuple[str, datetime, datetime | None]] = field(default_factory=list)
+    # Per task: seconds from its creation to its first INTENT (the wait for admission, ledger.admission).
+    waits: list[float] = field(default_factory=list)
     wall_seconds: float = 0.0
+    active_tasks: int = 0  # the workers' bound on tasks running at once (settings.active_tasks; 0: none)
     resources: Resources = field(default_factory=Resources)
 
     @property
@@ -164,8 +167,14 @@ class SoakReport:
             found = percentile(values, 0.5)
             return "—" if found is None else f"{found:.1f} s ({len(values)} tasks)"
 
+        t.add_row("tasks running at once (admission)", str(self.active_tasks or "no bound"))
         first = self.first_done()
         t.add_row("time to the first completed task", "—" if first is None else f"{first:.1f} s")
+        w50, w95 = percentile(self.waits, 0.50), percentile(self.waits, 0.95)
+        t.add_row(
+            "created → first dispatch (admission)",
+            "—" if w50 is None or w95 is None else f"p50 {w50:.1f} s, p95 {w95:.1f} s",
+        )
         t.add_row("median task duration, standard", median(self.durations(heroes=False)))
         if self.heroes:
             t.add_row("median task duration, hero", median(self.durations(heroes=True)))
@@ -295,6 +304,7 @@ async def run_soak(
     finally:
         rec.dispose()
     report.wall_seconds, report.workers, report.resources = wall, workers, resources
+    report.active_tasks = settings.active_tasks
     return report
 
 
@@ -381,6 +391,9 @@ def tally(rec: Recorder, task_ids: list[str], vendor_url: str) -> SoakReport:
         if events:
             ended = events[-1].recorded_at if p.terminal else None
             report.spans.append((tid, events[0].recorded_at, ended))
+            first = next((e for e in events if e.type == "Intent"), None)
+            if first is not None:
+                report.waits.append((first.recorded_at - events[0].recorded_at).total_seconds())
     return report
 
 

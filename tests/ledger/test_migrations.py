@@ -144,6 +144,7 @@ LEDGER_TABLES = {
     "review_logouts",
     "vendor_callbacks",
     "releases",
+    "task_admission",
 }
 
 # The catalog, as comparable rows: what "the same schema" means below. Column positions are ranks (a column
