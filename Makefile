@@ -59,7 +59,7 @@ bench-10k: $(STAMP)
 
 # 1,000 tasks of a 20-stage plan on 4 workers: every task completes, money exact; the run's figures.
 soak: $(STAMP)
-	$(BIN)/ledgerflow soak --tasks 1000 --workers 4 --plan examples/soak_20_stages.yaml \
+	LEDGERFLOW_ACTIVE_TASKS=64 $(BIN)/ledgerflow soak --tasks 1000 --workers 4 --plan examples/soak_20_stages.yaml \
 		--sim examples/simulator_soak.json --hero-share 0.1 --require-complete
 
 # The crash drill with every unkind vendor habit on, once per vendor mode (long: not part of `make test`).

@@ -47,6 +47,8 @@ def status_table(summary: dict[str, Any]) -> Table:
     )
     if summary.get("paused_by"):
         title += f" — paused by {summary['paused_by']}"
+    if (admission := summary.get("admission")) and admission.get("waiting"):
+        title += f" — waiting for admission, {admission.get('ahead', 0)} ahead"
     table = Table(title=title, title_justify="left")
     for col in ("stage", "nodes", "done", "attempts", "cost", "now"):
         table.add_column(col, justify="left" if col in ("stage", "now") else "right")

@@ -14,6 +14,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from ledger.recorder import Recorder
+from ledgerflow.views.report import status_table
 from rules.envelope import StoredEvent
 from rules.events import vendor_spend
 from rules.recompute import recompute
@@ -47,6 +48,7 @@ async def test_past_the_bound_tasks_wait_for_a_place_and_run_in_the_order_they_a
             await lf.wait_state(handles[-1], {"Queued", "Running"})
         status = await handles[2].query("status")
         assert status["admission"] == {"waiting": True, "ahead": 1}
+        assert "waiting for admission, 1 ahead" in str(status_table(status).title)  # ledgerflow status
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
     assert [r.state for r in results] == ["Completed"] * 3
 

@@ -51,6 +51,11 @@ REQUIRED = {
     "test_a_task_is_found_by_its_search_attributes_and_its_activities_are_named-steady-v3",
     "test_activities_carry_their_tasks_place_in_the_queue-steady-v3",
     "test_e001_video_pipeline_completes_with_ledger_equal_to_vendor-steady-v3",
+    # v10: admission at the task level (ledger.admission): three tasks under a bound of 1 — the first runs,
+    # releases its place and signals the next; the others wait for admission, are woken, run and release
+    "test_past_the_bound_tasks_wait_for_a_place_and_run_in_the_order_they_asked-1",
+    "test_past_the_bound_tasks_wait_for_a_place_and_run_in_the_order_they_asked-2",
+    "test_past_the_bound_tasks_wait_for_a_place_and_run_in_the_order_they_asked-3",
 }
 FILES = sorted(CORPUS.glob("*/*.json.gz"))
 
