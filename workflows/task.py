@@ -1009,14 +1009,22 @@ class TaskWorkflow:
         """Keep what the ledger said of this task's place, and wake the tasks it admitted meanwhile."""
         self._queued, self._ahead = not place.admitted, place.ahead
         self._held = place.held
-        wake = [
-            workflow.get_external_workflow_handle(workflow_id(t)).signal(ADMITTED)
-            for t in place.woken
-            if t != self._task_id
-        ]
-        if wake:
-            # A task that ended or was terminated meanwhile cannot be signalled: nothing to wake.
-            await asyncio.gather(*wake, return_exceptions=True)
+        woken = [t for t in place.woken if t != self._task_id]
+        while woken:
+            sent = await asyncio.gather(
+                *(workflow.get_external_workflow_handle(workflow_id(t)).signal(ADMITTED) for t in woken),
+                return_exceptions=True,
+            )
+            # A task whose workflow is gone (terminated while it waited) cannot take the place it was given:
+            # give it back for it, so the next task gets it now rather than never.
+            gone = [t for t, r in zip(woken, sent, strict=True) if isinstance(r, BaseException)]
+            woken = []
+            for t in gone:
+                left = AdmitInput(task_id=t, queue=workflow.info().task_queue)
+                freed: AdmitResult = await self._local(Activity.RELEASE, left, AdmitResult)
+                woken += [w for w in freed.woken if w != self._task_id]
+                if self._task_id in freed.woken:  # a waiting task asking again: the place is its own
+                    self._queued, self._ahead = False, 0
 
     async def _await_admission(self, p: Projection) -> None:
         """Wait until an ending task wakes this one (or the recheck's timer, or anything else that wakes the

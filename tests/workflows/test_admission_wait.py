@@ -77,6 +77,36 @@ async def test_past_the_bound_tasks_wait_for_a_place_and_run_in_the_order_they_a
     assert left == 0
 
 
+async def test_a_task_terminated_while_it_waited_passes_its_place_to_the_next(
+    lf_with: Any, sim: Any, recorder: Recorder
+) -> None:
+    """Bound 1: A runs, B and C wait; B's workflow is terminated. When A ends the ledger gives B the place,
+    the signal finds no B, and A gives B's place back for it: C starts at once, not at its recheck."""
+    await sim.configure(executors={"llm.text": {"latency_seconds": 0.5}})
+    async with lf_with(active_tasks=1) as lf:
+        plans = [lf.plan(PLAN) for _ in range(3)]
+        handles = []
+        for plan in plans:
+            handles.append(await lf.start(plan))
+            await lf.wait_state(handles[-1], {"Queued", "Running"})
+        assert (await handles[1].query("status"))["admission"]["waiting"]
+        await handles[1].terminate("the test: gone while it waited")
+        first, third = await asyncio.wait_for(asyncio.gather(handles[0].result(), handles[2].result()), 120)
+        history = await handles[0].fetch_history()
+    assert (first.state, third.state) == ("Completed", "Completed")
+    (_, ended), (started, _) = (span(recorder.read_events(str(plans[n].task_id))) for n in (0, 2))
+    assert 0 <= started - ended < ADMISSION_RECHECK_MIN_S / 3, started - ended
+    failed = EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED
+    assert sum(e.event_type == failed for e in history.events) == 1  # B's wake-up, which found no B
+    with recorder._engine.connect() as conn:
+        left = conn.exec_driver_sql(
+            "SELECT count(*) FROM task_admission WHERE task_id = ANY(%(t)s)",
+            {"t": [str(p.task_id) for p in plans]},
+        ).scalar_one()
+    assert left == 0
+    await Replayer(workflows=[TaskWorkflow], data_converter=pydantic_data_converter).replay_workflow(history)
+
+
 async def test_without_a_bound_a_task_asks_nothing_and_its_history_is_unchanged(
     lf_with: Any, sim: Any, recorder: Recorder
 ) -> None:
