@@ -242,6 +242,7 @@ async def run_worker(settings: Settings | None = None) -> None:
                         sdk=runtime is not None,
                         routes=routes,
                         scans=functools.partial(last_success, client, settings.task_queue),
+                        queues=(settings.task_queue,),
                     )
                 )
                 log.info("metrics on %s/metrics, health on %s/healthz", server.url, server.url)

@@ -13,7 +13,7 @@ no INTENT). Money is in the plan's currency units.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final, NamedTuple, TypeVar
@@ -124,6 +124,8 @@ class Facts:
         tuple[str, int, Decimal]
     ]  # (scope kind, accounts spent past their ceiling, by how much)
     unmatched: list[tuple[str, str, Decimal]]  # (route, kind, money on unknown or ambiguous charge lines)
+    # (task queue, tasks waiting for admission, tasks admitted, the oldest wait in s): ledger.admission
+    admission: list[tuple[str, int, int, float]] = field(default_factory=list)
 
 
 # Shared pieces. The project join is a primary-key lookup per group (TaskCreated is every task's seq 1);
@@ -302,6 +304,11 @@ FROM billing_reconciliation
 WHERE kind IN ('unknown_charge', 'ambiguous_charge') AND amount ~ '^-?[0-9]+(\.[0-9]+)?$'
 GROUP BY 1, 2"""
 
+_ADMISSION: Final = """
+SELECT queue, count(*) FILTER (WHERE admitted_at IS NULL), count(admitted_at),
+       COALESCE(max(extract(epoch FROM now() - asked_at)) FILTER (WHERE admitted_at IS NULL), 0)::float8
+FROM task_admission GROUP BY 1"""
+
 
 _NAMES: Final = {
     "result_suffix": result_key(""),
@@ -343,6 +350,7 @@ def facts(engine: Engine) -> Facts:
             unfinished=_tuples(conn, _TASKS),
             over_ceiling=_tuples(conn, _BUDGETS),
             unmatched=_tuples(conn, _UNMATCHED),
+            admission=_tuples(conn, _ADMISSION),
         )
 
 

@@ -79,6 +79,12 @@ metric                                                   derived from
 ``ledgerflow_budget_accounts_over_ceiling{kind}``        budget accounts whose spent exceeds their ceiling,
                                                          by scope kind (project, episode, task, route)
 ``ledgerflow_budget_overrun{kind}``                      how far past their ceilings, summed
+``ledgerflow_admission_waiting{queue}``                  tasks waiting for a place to run
+                                                         (``LEDGERFLOW_ACTIVE_TASKS``), per task queue; 0 for
+                                                         this worker's queue when none wait
+``ledgerflow_admission_admitted{queue}``                 tasks holding a place (a task waiting on a person
+                                                         holds one but does not count against the bound)
+``ledgerflow_admission_oldest_wait_seconds{queue}``      how long the longest-waiting task has waited
 ``ledgerflow_route_fallback_qualified{route}``           per fallback route (of the route file): 1 if its
                                                          qualification is younger than its
                                                          ``qualification_max_age``, else 0
@@ -208,9 +214,10 @@ class LedgerCollector(Collector):
     delivered second), they are left out rather than shown as a false 0.
     """
 
-    def __init__(self, engine: Engine, routes: Routes | None = None) -> None:
+    def __init__(self, engine: Engine, routes: Routes | None = None, queues: tuple[str, ...] = ()) -> None:
         self._engine = engine
         self._known = dict(routes or {})
+        self._queues = queues  # task queues exported at 0 while none of their tasks waits (admission)
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
@@ -247,6 +254,30 @@ class LedgerCollector(Collector):
         yield from self._quality(facts, projects)
         yield from self._routes(facts, billing)
         yield from self._billing(billing, facts.unmatched)
+        yield from self._admission(facts.admission)
+
+    def _admission(self, rows: list[tuple[str, int, int, float]]) -> Iterator[Metric]:
+        q = ["queue"]
+        waiting = GaugeMetricFamily(
+            "ledgerflow_admission_waiting", "Tasks waiting for a place to run, per task queue.", labels=q
+        )
+        admitted = GaugeMetricFamily(
+            "ledgerflow_admission_admitted", "Tasks holding a place to run, per task queue.", labels=q
+        )
+        oldest = GaugeMetricFamily(
+            "ledgerflow_admission_oldest_wait_seconds",
+            "How long the longest-waiting task of the queue has waited; 0 when none waits.",
+            labels=q,
+        )
+        by_queue = {queue: (w, a, age) for queue, w, a, age in rows}
+        for queue in sorted({*self._queues, *by_queue}):
+            w, a, age = by_queue.get(queue, (0, 0, 0.0))
+            waiting.add_metric([queue], float(w))
+            admitted.add_metric([queue], float(a))
+            oldest.add_metric([queue], float(age))
+        yield waiting
+        yield admitted
+        yield oldest
 
     @staticmethod
     def _pair_family(
@@ -671,6 +702,7 @@ def serve_metrics(
     sdk: bool,
     routes: Routes | None = None,
     scans: ScanReader | None = None,
+    queues: tuple[str, ...] = (),
 ) -> Iterator[MetricsServer]:
     """Serve /metrics and /healthz on ``settings.metrics_port`` until the block exits.
 
@@ -679,7 +711,8 @@ def serve_metrics(
     (``known_routes(table)``), exported at 0 before the ledger names them. The ledger's families are
     served only when ``settings.metrics_ledger`` (one exporter per deployment);
     ``ledgerflow_metrics_ledger_exporter`` always says which. ``scans``: when each scheduled scan last
-    succeeded (the exporter serves it, with the ledger's families). ConfigError (one line) if the port is
+    succeeded (the exporter serves it, with the ledger's families). ``queues``: task queues whose admission
+    families are exported at 0 while nothing waits (the worker's own). ConfigError (one line) if the port is
     taken.
     """
     if settings.metrics_port is None:
@@ -688,7 +721,7 @@ def serve_metrics(
     registry = CollectorRegistry(auto_describe=False)  # no query when registering: only when scraped
     registry.register(LocalCollector(settings.metrics_ledger))
     if settings.metrics_ledger:
-        registry.register(LedgerCollector(engine, routes))
+        registry.register(LedgerCollector(engine, routes, queues))
         if scans is not None:
             registry.register(ScanCollector(scans, loop))
     sdk_url = f"http://127.0.0.1:{settings.sdk_port()}/metrics" if sdk else None

@@ -32,7 +32,14 @@ from rules.actions import RequestKind
 from rules.events import FailureKind, parse
 from rules.projection import fold
 from rules.scopes import ScopeKind
-from runtime.metrics import MetricsServer, MetricsSettings, known_routes, sdk_runtime, serve_metrics
+from runtime.metrics import (
+    LedgerCollector,
+    MetricsServer,
+    MetricsSettings,
+    known_routes,
+    sdk_runtime,
+    serve_metrics,
+)
 from runtime.settings import ConfigError
 from runtime.signing import demo_key
 from vendors.routes import RouteTable, deployment_table
@@ -424,3 +431,25 @@ def test_the_ledger_exporter_is_on_unless_turned_off(monkeypatch):
     assert MetricsSettings().metrics_ledger
     monkeypatch.setenv("LEDGERFLOW_METRICS_LEDGER", "false")
     assert not MetricsSettings().metrics_ledger
+
+
+def test_admission_is_exported_per_task_queue(recorder: Recorder) -> None:
+    """Waiting and admitted tasks and the oldest wait, per task queue (ledger.admission); the worker's own
+    queue at 0 while nothing of it waits."""
+    q, idle = f"q-{uuid.uuid4().hex[:10]}", f"idle-{uuid.uuid4().hex[:10]}"
+    recorder.admit(f"{q}-a", q, 3, 1, enter=True)
+    recorder.admit(f"{q}-b", q, 3, 1, enter=True)
+    time.sleep(0.05)  # the wait is measured on the database's clock
+    families = {f.name: f for f in LedgerCollector(recorder._engine, queues=(idle,)).collect()}
+
+    def value(name: str, queue: str) -> float:
+        return next(s.value for s in families[name].samples if s.labels == {"queue": queue})
+
+    try:
+        assert (value("ledgerflow_admission_waiting", q), value("ledgerflow_admission_admitted", q)) == (1, 1)
+        assert value("ledgerflow_admission_oldest_wait_seconds", q) >= 0.05
+        assert value("ledgerflow_admission_waiting", idle) == 0
+        assert value("ledgerflow_admission_oldest_wait_seconds", idle) == 0
+    finally:
+        for t in (f"{q}-a", f"{q}-b"):
+            recorder.release_admission(t, q, 1)
