@@ -308,8 +308,9 @@ class TaskWorkflow:
         )
         opened: OpenTaskResult = await self._local(Activity.OPEN_TASK, opening, OpenTaskResult)
         self._epoch = opened.epoch
-        await self._take_place(opened.admission)
         self._notify = opened.notify and workflow.patched(NOTIFY)
+        # After the version check above, so that no wake-up this sends can move where a run asks it.
+        await self._take_place(opened.admission)
         self._p = p = fold(opened.events)
         if not opened.complete:  # a long ledger (a continued run, a takeover): the rest in pages
             self._apply(p, await self._read_all(p.task_id, after=p.watermark))
