@@ -248,7 +248,8 @@ human_queue: Final = Table(
 # Admission at the task level (ledger.admission): one row per task that entered a bounded queue — waiting
 # (``admitted_at`` NULL) or admitted — deleted when the task ends. ``queue`` is the Temporal task queue whose
 # workers the bound protects; ``rank`` orders the waiting (1 a hero task, 3 standard, 5 background), then
-# ``asked_at``. Counted as running: admitted rows of tasks with no open request to a person (human_queue).
+# ``asked_at``. Counted as running: admitted rows of tasks not stopped for a person (no open task-stopping
+# request in human_queue: an escalation, a refused LLM proposal).
 task_admission: Final = Table(
     "task_admission",
     metadata,
@@ -257,6 +258,8 @@ task_admission: Final = Table(
     Column("rank", Integer, nullable=False),
     Column("asked_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
     Column("admitted_at", TIMESTAMP(timezone=True), nullable=True),
+    # Whose change admitted it: ``release:<task>`` (a task's end), or the asking task's id.
+    Column("admitted_by", Text, nullable=True),
     Index("ix_task_admission_queue", "queue", "rank", "asked_at"),
 )
 

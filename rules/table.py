@@ -129,11 +129,11 @@ def _time_then(p: Projection, now: datetime) -> Action:
 # Only a question that stops the whole task (an escalation, a refused LLM proposal) stops every branch.
 # An approval or a dead letter blocks just its node's dependents (they are not ready), so independent
 # branches keep running; when nothing else can move, the loop waits on it (see ``decide``).
-_TASK_STOPPING: Final = frozenset({RequestKind.ESCALATION, RequestKind.INVALID_DECISION})
+TASK_STOPPING: Final = frozenset({RequestKind.ESCALATION, RequestKind.INVALID_DECISION})
 
 
 def _awaiting_when(p: Projection, now: datetime) -> bool:
-    return any(r.open and r.request.kind in _TASK_STOPPING for r in p.requests.values())
+    return any(r.open and r.request.kind in TASK_STOPPING for r in p.requests.values())
 
 
 def _awaiting_then(p: Projection, now: datetime) -> Action:

@@ -82,7 +82,7 @@ metric                                                   derived from
 ``ledgerflow_admission_waiting{queue}``                  tasks waiting for a place to run
                                                          (``LEDGERFLOW_ACTIVE_TASKS``), per task queue; 0 for
                                                          this worker's queue when none wait
-``ledgerflow_admission_admitted{queue}``                 tasks holding a place (a task waiting on a person
+``ledgerflow_admission_admitted{queue}``                 tasks holding a place (a task stopped for a person
                                                          holds one but does not count against the bound)
 ``ledgerflow_admission_oldest_wait_seconds{queue}``      how long the longest-waiting task has waited
 ``ledgerflow_route_fallback_qualified{route}``           per fallback route (of the route file): 1 if its

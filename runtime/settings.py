@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     # Open requests a project's people can hold (rules.pressure): above it, fan-outs widen slowly. 0: off.
     human_capacity: int = Field(default=0, ge=0, le=100_000)
     # Tasks of one task queue that run their work at once (ledger.admission): a new task past it waits, in
-    # order (hero first), before its first dispatch. A task waiting on a person does not count. Set it the
+    # order (hero first), before its first dispatch. A task stopped for a person does not count. Set it the
     # same on every worker of a queue (docs/operations.md#admission). 0: no bound.
     active_tasks: int = Field(default=0, ge=0, le=1_000_000)
     # Activities one worker runs at once (executors, ledger writes, closes).

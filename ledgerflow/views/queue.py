@@ -38,12 +38,11 @@ from rules.people import (
 )
 from rules.plan import COMPOSE, REVIEW, Value
 from rules.projection import NodeStatus, Projection, RequestView
-from rules.table import request_input
+from rules.table import TASK_STOPPING, request_input
 
 # ── the queue ────────────────────────────────────────────────────────────────────────────────────────
 
 _VALUE_RANK: Final = {Value.HERO: 0, Value.STANDARD: 1, Value.BACKGROUND: 2}
-_TASK_STOPPING: Final = frozenset({RequestKind.ESCALATION, RequestKind.INVALID_DECISION})
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +116,7 @@ def open_items(p: Projection, opened_at: Mapping[int, datetime]) -> list[QueueIt
         req = r.request
         spec = p.graph.nodes.get(req.node) if req.node else None
         stage = spec.stage if spec is not None else None
-        blocking = req.kind in _TASK_STOPPING or (
+        blocking = req.kind in TASK_STOPPING or (
             stage is not None and (stage.gate or stage.id in (COMPOSE, REVIEW))
         )
         out.append(

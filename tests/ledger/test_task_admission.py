@@ -40,23 +40,41 @@ def test_a_hero_task_goes_before_standard_tasks_that_asked_earlier(recorder: Rec
     assert recorder.release_admission(f"{q}-s1", q, 1) == (f"{q}-s2",)
 
 
-def test_a_task_waiting_on_a_person_frees_its_place(recorder: Recorder) -> None:
+def ask_person(recorder: Recorder, task_id: str, request: str, kind: str) -> None:
+    """What the INTENT asking a person writes (ledger.approvals)."""
+    with recorder._engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO human_queue (task_id, request_id, kind, scope) VALUES (:t, :r, :k, 'p')"),
+            {"t": task_id, "r": request, "k": kind},
+        )
+
+
+def test_a_task_stopped_for_a_person_frees_its_place_and_one_awaiting_an_approval_does_not(
+    recorder: Recorder,
+) -> None:
+    """An escalation stops the whole task (rules.table R5); an approval stops only its node's dependents,
+    and the task's other branches keep running: it still counts."""
     q = queue()
     recorder.admit(f"{q}-a", q, STANDARD, 1, enter=True)
     assert recorder.admit(f"{q}-b", q, STANDARD, 1, enter=True).admitted is False
-    with recorder._engine.begin() as conn:  # what the INTENT asking a person writes (ledger.approvals)
-        conn.execute(
-            text(
-                "INSERT INTO human_queue (task_id, request_id, kind, scope)"
-                " VALUES (:t, 'r1', 'approval', 'p')"
-            ),
-            {"t": f"{q}-a"},
-        )
     try:
+        ask_person(recorder, f"{q}-a", "approval:shot", "approval")
+        assert recorder.admit(f"{q}-b", q, STANDARD, 1, enter=False).admitted is False
+        ask_person(recorder, f"{q}-a", "escalation:1", "escalation")
         assert recorder.admit(f"{q}-b", q, STANDARD, 1, enter=False).admitted is True
     finally:
         with recorder._engine.begin() as conn:
             conn.execute(text("DELETE FROM human_queue WHERE task_id = :t"), {"t": f"{q}-a"})
+
+
+def test_a_release_run_again_returns_the_same_tasks_to_wake(recorder: Recorder) -> None:
+    """A worker that died after the release committed runs it again (a local activity): the wake-ups it
+    owes are returned again, not lost."""
+    q = queue()
+    for t in ("a", "b", "c"):
+        recorder.admit(f"{q}-{t}", q, STANDARD, 1, enter=True)
+    assert recorder.release_admission(f"{q}-a", q, 1) == (f"{q}-b",)
+    assert recorder.release_admission(f"{q}-a", q, 1) == (f"{q}-b",)
 
 
 def test_a_task_already_running_is_never_made_to_wait(recorder: Recorder) -> None:

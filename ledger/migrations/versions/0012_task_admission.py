@@ -4,8 +4,8 @@ With ``LEDGERFLOW_ACTIVE_TASKS`` set, a new task enters its task queue's admissi
 there until fewer than that many tasks run, and leaves it when it ends. A working table like ``human_queue``
 (rows are deleted), not a record: the task's own ledger says when it started its work. It starts empty.
 
-Grants: the worker inserts a row (its task, queue and rank), marks it admitted and deletes it; every role of
-revision 0006 reads it.
+Grants: the worker inserts a row (its task, queue and rank), marks it admitted (when, and by whose change) and
+deletes it; every role of revision 0006 reads it.
 
 Revision ID: 0012
 Revises: 0011
@@ -38,6 +38,7 @@ def upgrade() -> None:
             server_default=sa.text("clock_timestamp()"),
         ),
         sa.Column("admitted_at", sa.TIMESTAMP(timezone=True), nullable=True),
+        sa.Column("admitted_by", sa.Text, nullable=True),
         if_not_exists=True,
     )
     op.create_index(
@@ -49,7 +50,7 @@ def upgrade() -> None:
     op.execute("REVOKE ALL ON task_admission FROM PUBLIC")
     op.execute(f"GRANT SELECT ON task_admission TO {', '.join(_READERS)}")
     op.execute(
-        "GRANT INSERT (task_id, queue, rank), UPDATE (admitted_at), DELETE ON task_admission"
+        "GRANT INSERT (task_id, queue, rank), UPDATE (admitted_at, admitted_by), DELETE ON task_admission"
         " TO ledgerflow_worker"
     )
 
