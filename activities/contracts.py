@@ -293,8 +293,7 @@ class AdmitInput(BaseModel):
     """A waiting task asks again (``ledger.admit``); an ending one leaves (``ledger.release``)."""
 
     task_id: str
-    queue: str
-    rank: int = 3
+    queue: str  # (a rank is only needed to enter the queue, which a task does at its opening)
 
 
 class AdmitResult(BaseModel):

@@ -96,7 +96,7 @@ class LedgerActivities:
         epoch = self.recorder.take_lease(inp.task_id, inp.holder)
         self.recorder.open_budget(inp.task_id, budget_scopes(inp.plan, inp.task_id))
         events = self.recorder.read_events(inp.task_id, limit=None if inp.limit is None else inp.limit + 1)
-        fresh = not events or not any(e.type == "Intent" for e in events)  # no work asked for yet
+        fresh = not any(e.type == "Intent" for e in events)  # no work asked for yet
         admission = AdmitResult()
         if inp.queue and (self.active_tasks > 0 or not fresh):
             # A new task enters the queue; a later run of one that entered finds its place (and is woken
@@ -125,17 +125,18 @@ class LedgerActivities:
     def admit(self, inp: AdmitInput) -> AdmitResult:
         """A waiting task asks again: its place now, and the tasks admitted meanwhile (the caller wakes
         them)."""
-        return self._admit(inp.task_id, inp.queue, inp.rank, enter=False)
+        return self._admit(inp.task_id, inp.queue, 0, enter=False)  # no rank: it does not enter
 
     @activity.defn(name=Activity.RELEASE)
     def release(self, inp: AdmitInput) -> AdmitResult:
         """The task ended: it leaves its queue; the tasks admitted in its place are returned, to be woken."""
-        woken = self.recorder.release_admission(inp.task_id, inp.queue, self.active_tasks)
-        return AdmitResult(admitted=True, held=False, woken=list(woken))
+        return AdmitResult(
+            woken=list(self.recorder.release_admission(inp.task_id, inp.queue, self.active_tasks))
+        )
 
     def _admit(self, task_id: str, queue: str, rank: int, *, enter: bool) -> AdmitResult:
-        a = self.recorder.admit(task_id, queue, rank, self.active_tasks, enter=enter)
-        return AdmitResult(admitted=a.admitted, held=a.held, ahead=a.ahead, woken=list(a.woken))
+        place = self.recorder.admit(task_id, queue, rank, self.active_tasks, enter=enter)
+        return AdmitResult.model_validate(place, from_attributes=True)  # ledger.admission.Admission
 
     def _price_book(self, plan: Plan) -> PriceBook:
         """What each stage's routes say a node costs, now: their declared bounds (the route table) and learned

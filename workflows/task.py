@@ -304,7 +304,7 @@ class TaskWorkflow:
             holder=workflow.info().run_id,
             limit=LEDGER_PAGE,
             queue=workflow.info().task_queue,
-            rank=slot_priority(inp.plan.priority, 0.0),
+            rank=slot_priority(inp.plan.priority, 0.0),  # its start priority key (policies.start_priority)
         )
         opened: OpenTaskResult = await self._local(Activity.OPEN_TASK, opening, OpenTaskResult)
         self._epoch = opened.epoch
@@ -385,7 +385,7 @@ class TaskWorkflow:
         self._tell(p)
         if self._held:
             # The task's place goes to the next waiting task: the ledger admits it, this run wakes it.
-            left = AdmitInput(task_id=p.task_id, queue=workflow.info().task_queue, rank=self._rank(p))
+            left = AdmitInput(task_id=p.task_id, queue=workflow.info().task_queue)
             await self._take_place(await self._local(Activity.RELEASE, left, AdmitResult))
         # Every Update told its ruling returns it before the workflow ends (a decision arriving after the
         # task's end is refused by the validator: nothing to decide).
@@ -1002,10 +1002,6 @@ class TaskWorkflow:
         self._woken = True
 
     # ── admission (ledger.admission) ─────────────────────────────────────────────────────────────────
-    @staticmethod
-    def _rank(p: Projection) -> int:
-        return slot_priority(p.plan.priority, 0.0)
-
     async def _take_place(self, place: AdmitResult) -> None:
         """Keep what the ledger said of this task's place, and wake the tasks it admitted meanwhile."""
         self._queued, self._ahead = not place.admitted, place.ahead
@@ -1036,7 +1032,7 @@ class TaskWorkflow:
                     lambda: self._admit_now or self._woken, timeout=admission_recheck(self._ahead)
                 )
         self._woken = self._admit_now = False
-        ask = AdmitInput(task_id=p.task_id, queue=workflow.info().task_queue, rank=self._rank(p))
+        ask = AdmitInput(task_id=p.task_id, queue=workflow.info().task_queue)
         await self._take_place(await self._local(Activity.ADMIT, ask, AdmitResult))
 
     # ── waiting ──────────────────────────────────────────────────────────────────────────────────────

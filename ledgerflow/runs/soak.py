@@ -369,10 +369,12 @@ def tally(rec: Recorder, task_ids: list[str], vendor_url: str) -> SoakReport:
         p = fold(events)
         verdicts = []
         rule = ""
+        first_intent: datetime | None = None  # when the task's work started (after its wait for admission)
         for e in events:
             ev = parse(e)
             if isinstance(ev, Intent):
                 rule = ev.rule  # an Escalation is written with (right after) the INTENT deciding it
+                first_intent = first_intent or e.recorded_at
             if isinstance(ev, Outcome) and ev.actual_cost > 0:
                 report.outcomes += 1  # paid (compose is local, a reused output free)
             if isinstance(ev, ExecutionResult) and ev.kind == "review" and ev.verdict is not None:
@@ -391,9 +393,8 @@ def tally(rec: Recorder, task_ids: list[str], vendor_url: str) -> SoakReport:
         if events:
             ended = events[-1].recorded_at if p.terminal else None
             report.spans.append((tid, events[0].recorded_at, ended))
-            first = next((e for e in events if e.type == "Intent"), None)
-            if first is not None:
-                report.waits.append((first.recorded_at - events[0].recorded_at).total_seconds())
+            if first_intent is not None:
+                report.waits.append((first_intent - events[0].recorded_at).total_seconds())
     return report
 
 

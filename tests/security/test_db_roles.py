@@ -246,6 +246,12 @@ def test_a_reader_writes_no_task_state(recorder, logins):
             engine, "UPDATE task_leases SET holder = 'x' WHERE task_id = :t", t=task_id
         )
         assert "permission denied" in refused(engine, "INSERT INTO human_queue VALUES ('a', 'b', 'c', 'd')")
+        # Nor the admission queue (revision 0012): no jumping the line, no freeing a place.
+        assert "permission denied" in refused(
+            engine, "INSERT INTO task_admission (task_id, queue, rank) VALUES ('a', 'q', 1)"
+        )
+        assert "permission denied" in refused(engine, "UPDATE task_admission SET admitted_at = now()")
+        assert "permission denied" in refused(engine, "DELETE FROM task_admission")
     finally:
         engine.dispose()
 
@@ -373,10 +379,11 @@ def test_db_roles_makes_member_only_logins_with_hashed_passwords_and_refuses_bad
 async def test_a_worker_on_its_own_login_runs_a_whole_task_and_a_signed_add_budget(
     logins, lf_on, recorder, sim
 ):
-    """The whole path on the worker's login: open the task, reserve, dispatch, settle, escalate on budget,
-    record a person's signed add_budget (the one ceiling change a worker makes), resume, complete."""
+    """The whole path on the worker's login: open the task, enter the admission queue, reserve, dispatch,
+    settle, escalate on budget, record a person's signed add_budget (the one ceiling change a worker makes),
+    resume, complete and give its place back."""
     await sim.configure(executors={"llm.text": {"cost_multiplier": "3"}})
-    async with lf_on(logins["worker"]) as lf:
+    async with lf_on(logins["worker"], active_tasks=1) as lf:
         assert lf.settings.database_url == logins["worker"]
         plan = lf.plan(
             """
@@ -400,6 +407,11 @@ stages:
     account = lf.recorder.account(f"task:{plan.task_id}")
     assert account is not None and account.ceiling == Decimal(8)
     assert account.reserved == 0 and account.spent == fold(lf.recorder.read_events(plan.task_id)).spent
+    with lf.recorder._engine.connect() as conn:  # it entered, was admitted and gave its place back
+        left = conn.exec_driver_sql(
+            "SELECT count(*) FROM task_admission WHERE task_id = %(t)s", {"t": plan.task_id}
+        ).scalar_one()
+    assert left == 0
 
 
 def test_compose_connects_nothing_as_a_superuser():
